@@ -1,0 +1,509 @@
+"""Ingest benchmark: N CSV files x M rows landing into a watched folder.
+
+Measures, in one run:
+
+* lakefeed: the daemon (`lakefeed run`) as a subprocess; the files are renamed into its
+  landing folder (atomic, like a real producer) and the run ends when the Delta table holds
+  every file. rows/s = total rows / (last table commit - first landing); per-file latency =
+  timestamp of the table commit that made the file visible - time of its rename.
+* the floor: the same files read with pyarrow.csv.read_csv and appended with
+  deltalake.write_deltalake, no Spark, grouped in the same batches lakefeed made (one append
+  per batch). Two variants: the data table only ("single table", the reference for the
+  ratio) and the data table plus a changelog table with lakefeed's 6 extra columns.
+
+Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the
+run completed (whether or not the ratio goal is met), 1 on failure or timeout.
+
+    python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+ENTITY = "bench"
+METADATA_KEY = "lakefeed.partitions"
+GOAL_RATIO = 0.6
+SEED = 20240601
+LAKEFEED = Path(sys.executable).parent / "lakefeed"
+
+CONFIG = """\
+lake_dir: lake
+state_dir: state
+log_level: INFO
+spark: {{master: "local[2]", trigger_interval_s: {trigger}}}
+entities:
+  - name: {entity}
+    source: {{type: local_dir, path: landing, reconcile_interval_s: 60, max_files_per_trigger: {max_files}}}
+    manifest: landing/default.manifest.cdm.json
+    patterns:
+      - {{name: all, root_location: data, glob_pattern: "/*.csv"}}
+    format: {{kind: csv, header: true}}
+"""
+
+# The floor reads with the types the table ends up with (lakefeed does the same from its
+# second batch on, when the table exists).
+FLOOR_TYPES = {
+    "id": pa.int64(),
+    "customer": pa.string(),
+    "amount": pa.float64(),
+    "ts": pa.timestamp("us", tz="UTC"),
+    "category": pa.string(),
+}
+CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports", "tools", "toys"])
+_TS = pa.timestamp("us", tz="UTC")
+
+
+class BenchError(Exception):
+    pass
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def check(self, what: str) -> None:
+        if self.left() <= 0:
+            raise BenchError(f"overall deadline of {self.seconds:.0f}s passed while {what}")
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def generate(staging: Path, files: int, rows: int) -> list[str]:
+    """Write the CSVs (deterministic: fixed seed per file); return their names in landing order."""
+    staging.mkdir(parents=True, exist_ok=True)
+    width = max(4, len(str(files - 1)))
+    customers = pa.array([f"cust_{i:05d}" for i in range(20_000)])
+    base = np.datetime64("2024-01-01T00:00:00", "s").astype(np.int64)
+    names = []
+    for i in range(files):
+        rng = np.random.default_rng(SEED + i)
+        start = i * rows
+        ts = pa.array(base + np.sort(rng.integers(0, 365 * 86400, rows)), pa.timestamp("s"))
+        table = pa.table({
+            "id": pa.array(np.arange(start, start + rows, dtype=np.int64)),
+            "customer": customers.take(pa.array(rng.integers(0, len(customers), rows))),
+            "amount": pa.array(np.round(rng.gamma(2.0, 40.0, rows), 2)),
+            "ts": pc.strftime(ts, format="%Y-%m-%dT%H:%M:%SZ"),
+            "category": pa.array(CATEGORIES[rng.integers(0, len(CATEGORIES), rows)]),
+        })
+        name = f"f{i:0{width}d}.csv"
+        pacsv.write_csv(table, staging / name,
+                        write_options=pacsv.WriteOptions(quoting_style="needed"))
+        names.append(name)
+    return names
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+def log_events(log_path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """JSON events of the daemon log from byte `start` on (complete lines only); next start."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1
+    events = []
+    for line in chunk[:end].splitlines():
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue  # Spark / JVM output
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "event" in obj:
+            events.append(obj)
+    return events, start + end
+
+
+def log_tail(log_path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def wait_ready(proc: subprocess.Popen, log_path: Path, deadline: Deadline) -> None:
+    pos = 0
+    while True:
+        events, pos = log_events(log_path, pos)
+        for ev in events:
+            if ev["event"] == "daemon.ready":
+                if not ev.get("entities"):
+                    raise BenchError(f"daemon ready without entities: {ev}")
+                return
+            if ev["event"] in ("entity.failed", "daemon.failed"):
+                raise BenchError(f"daemon reported {ev['event']}: {ev}")
+        if proc.poll() is not None:
+            raise BenchError(f"daemon exited with {proc.returncode} before daemon.ready")
+        deadline.check("waiting for daemon.ready")
+        time.sleep(0.1)
+
+
+def land(staging: Path, data_dir: Path, names: list[str], interval: float) -> dict[str, float]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    landed = {}
+    for name in names:
+        os.rename(staging / name, data_dir / name)
+        landed[name] = time.time()
+        if interval:
+            time.sleep(interval)
+    return landed
+
+
+def watch_table(table_uri: Path, proc: subprocess.Popen, log_path: Path, expected: set[str],
+                deadline: Deadline) -> list[dict]:
+    """Poll the data table's log until every expected file is in a commit; return those commits."""
+    table: DeltaTable | None = None
+    seen_version = -1
+    commits: list[dict] = []
+    found: set[str] = set()
+    log_pos = 0
+    last_report = 0.0
+    while True:
+        if table is None:
+            try:
+                table = DeltaTable(str(table_uri))
+            except TableNotFoundError:
+                table = None
+        else:
+            table.update_incremental()
+        if table is not None and table.version() > seen_version:
+            new = table.history(limit=table.version() - seen_version)
+            for c in sorted(new, key=lambda c: c["version"]):
+                if c["version"] <= seen_version or METADATA_KEY not in c:
+                    continue
+                batch = json.loads(c[METADATA_KEY])
+                files = [p["location"].rsplit("/", 1)[-1] for p in batch["partitions"]]
+                metrics = c.get("operationMetrics") or {}
+                commits.append({"version": c["version"], "timestamp_ms": c["timestamp"], "files": files,
+                                "rows": metrics.get("num_added_rows"),
+                                "batch_id": c.get("lakefeed.batch_id")})
+                found.update(files)
+            seen_version = table.version()
+        if expected <= found:
+            return commits
+        events, log_pos = log_events(log_path, log_pos)
+        for ev in events:
+            if ev["event"] in ("entity.failed", "daemon.failed"):
+                raise BenchError(f"daemon reported {ev['event']}: {json.dumps(ev)[:2000]}")
+        if proc.poll() is not None:
+            raise BenchError(f"daemon exited with {proc.returncode} while ingesting")
+        deadline.check(f"waiting for the table ({len(found)}/{len(expected)} files visible)")
+        if time.monotonic() - last_report > 5:
+            say(f"  {len(found)}/{len(expected)} files visible, table version {seen_version}")
+            last_report = time.monotonic()
+        time.sleep(0.05)
+
+
+def table_rows(uri: Path) -> int:
+    actions = pa.table(DeltaTable(str(uri)).get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0)
+
+
+def stop_daemon(proc: subprocess.Popen, timeout: float) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    return proc.returncode
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the daemon's process group (the daemon, its JVM and Python workers) if alive."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session=True: pgid == pid
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _ts(ev: dict) -> float:
+    return datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def batch_breakdown(log_path: Path) -> list[dict]:
+    """Per batch, from the daemon log: read time (first file.discovered -> last one + the
+    average per-file gap), commit time (-> batch.committed), manifest time (-> manifest.written)."""
+    events, _ = log_events(log_path)
+    batches: dict[int, dict] = {}
+    order = []
+    current = None
+    for ev in events:
+        b = ev.get("batch_id")
+        if ev["event"] == "file.discovered" and b is not None:
+            d = batches.setdefault(b, {"batch_id": b, "discovered": []})
+            if b not in order:
+                order.append(b)
+            d["discovered"].append(_ts(ev))
+        elif ev["event"] == "batch.committed" and b is not None:
+            d = batches.setdefault(b, {"batch_id": b, "discovered": []})
+            d["committed"] = _ts(ev)
+            d["files"], d["rows"] = ev.get("files"), ev.get("rows")
+            current = b
+        elif ev["event"] == "manifest.written" and current is not None:
+            batches[current].setdefault("manifest", _ts(ev))
+    out = []
+    for b in order:
+        d = batches[b]
+        disc = d["discovered"]
+        if not disc or "committed" not in d:
+            continue
+        per_file = (disc[-1] - disc[0]) / (len(disc) - 1) if len(disc) > 1 else 0.0
+        read_s = disc[-1] - disc[0] + per_file  # the last file's read is estimated by the average
+        out.append({
+            "batch_id": b, "files": d["files"], "rows": d["rows"],
+            "read_s": round(read_s, 3),
+            "concat_changelog_commit_s": round(d["committed"] - disc[-1] - per_file, 3),
+            "batch_s": round(d["committed"] - disc[0], 3),
+            "manifest_s": round(d["manifest"] - d["committed"], 3) if "manifest" in d else None,
+            "start": disc[0], "committed": d["committed"],
+        })
+    return out
+
+
+def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, deadline: Deadline) -> dict:
+    cfg = work / "lakefeed.yaml"
+    cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger))
+    (work / "landing").mkdir(exist_ok=True)
+    log_path = work / "daemon.log"
+    say(f"starting lakefeed ({cfg}), log {log_path}")
+    t0 = time.time()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([str(LAKEFEED), "run", "--config", str(cfg)], cwd=work,
+                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    result: dict = {}
+    try:
+        wait_ready(proc, log_path, deadline)
+        startup_s = time.time() - t0
+        say(f"daemon.ready after {startup_s:.1f}s; landing {len(names)} files")
+        landed = land(staging, work / "landing" / "data", names, args.interval)
+        say(f"landed in {landed[names[-1]] - landed[names[0]]:.3f}s; waiting for the table")
+        commits = watch_table(work / "lake" / ENTITY / "table", proc, log_path, set(names), deadline)
+        visible = {f: c["timestamp_ms"] / 1000 for c in commits for f in c["files"]}
+        first_land = min(landed.values())
+        last_commit = max(visible.values())
+        elapsed = last_commit - first_land
+        total_rows = table_rows(work / "lake" / ENTITY / "table")
+        latencies = np.array([visible[n] - landed[n] for n in names])
+        say(f"all files visible: {total_rows} rows in {len(commits)} commits, {elapsed:.2f}s after first landing")
+        say("stopping the daemon (SIGTERM)")
+        t_stop = time.time()
+        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        if code is None:
+            raise BenchError("daemon did not exit within 120s of SIGTERM")
+        say(f"daemon exited with {code} after {time.time() - t_stop:.1f}s")
+        result = {
+            "startup_s": round(startup_s, 2),
+            "elapsed_s": round(elapsed, 3),
+            "rows": total_rows,
+            "rows_per_s": total_rows / elapsed,
+            "latency_p50_s": float(np.percentile(latencies, 50)),
+            "latency_p99_s": float(np.percentile(latencies, 99)),
+            "latency_max_s": float(latencies.max()),
+            "batches": len(commits),
+            "batch_files": [c["files"] for c in commits],
+            "commits": [{k: c[k] for k in ("version", "batch_id", "rows")} | {"files": len(c["files"])}
+                        for c in commits],
+            "exit_code": code,
+            "shutdown_s": round(time.time() - t_stop, 2),
+            "breakdown": batch_breakdown(log_path),
+            "first_land": first_land,
+        }
+        if total_rows != rows * len(names):
+            raise BenchError(f"table holds {total_rows} rows, expected {rows * len(names)}")
+        if code != 0:
+            raise BenchError(f"daemon exited with {code}, expected 0")
+        return result
+    except BaseException:
+        say("daemon log tail:\n" + log_tail(log_path))
+        raise
+    finally:
+        if proc.poll() is None:
+            say("killing the daemon")
+        kill_group(proc)
+
+
+# --------------------------------------------------------------------------- floor
+
+
+def changelog_of(data: pa.Table, first_offset: int, batch_id: int, source: pa.ChunkedArray) -> pa.Table:
+    """Lakefeed's changelog shape (offset, op, system_time, event_time, data, source_file, batch_id)."""
+    n = data.num_rows
+    now = pa.scalar(datetime.now().astimezone(), _TS)
+    system = pa.repeat(now, n)
+    out = pa.table({
+        "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        "op": pa.array(np.zeros(n, dtype=np.int8)),
+        "system_time": system,
+        "event_time": system,
+    })
+    for name in data.column_names:
+        out = out.append_column(data.field(name), data.column(name))
+    out = out.append_column("source_file", source)
+    return out.append_column("batch_id", pa.array(np.full(n, batch_id, dtype=np.int64)))
+
+
+def run_floor(data_dir: Path, out: Path, groups: list[list[str]], with_changelog: bool,
+              deadline: Deadline) -> dict:
+    table_uri, changelog_uri = out / "table", out / "changelog"
+    convert = pacsv.ConvertOptions(column_types=FLOOR_TYPES)
+    offset = 0
+    rows = 0
+    t0 = time.perf_counter()
+    read_s = write_s = changelog_s = 0.0
+    for batch_id, files in enumerate(groups):
+        deadline.check("running the floor")
+        t = time.perf_counter()
+        tables = [pacsv.read_csv(data_dir / f, convert_options=convert) for f in files]
+        data = pa.concat_tables(tables)
+        t1 = time.perf_counter()
+        read_s += t1 - t
+        if with_changelog:
+            source = pa.chunked_array([pa.repeat(pa.scalar(str(data_dir / f)), t.num_rows)
+                                       for f, t in zip(files, tables)], pa.string())
+            write_deltalake(str(changelog_uri), changelog_of(data, offset, batch_id, source), mode="append")
+            offset += data.num_rows
+        t2 = time.perf_counter()
+        changelog_s += t2 - t1
+        write_deltalake(str(table_uri), data, mode="append")
+        write_s += time.perf_counter() - t2
+        rows += data.num_rows
+    elapsed = time.perf_counter() - t0
+    if table_rows(table_uri) != rows:
+        raise BenchError(f"floor table holds {table_rows(table_uri)} rows, expected {rows}")
+    return {"elapsed_s": round(elapsed, 3), "rows": rows, "rows_per_s": rows / elapsed,
+            "read_s": round(read_s, 3), "changelog_write_s": round(changelog_s, 3),
+            "table_write_s": round(write_s, 3)}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=200)
+    p.add_argument("--rows", type=int, default=50_000, help="rows per file")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
+    p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="overall deadline in seconds (default 1200)")
+    p.add_argument("--interval", type=float, default=0.0, help="seconds between landings (default 0: a burst)")
+    p.add_argument("--trigger-interval", type=float, default=0.5)
+    p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    args = p.parse_args(argv)
+    deadline = Deadline(args.timeout)
+
+    if args.workdir is None:
+        work = Path(tempfile.mkdtemp(prefix="lakefeed-bench-"))
+        remove = not args.keep
+    else:
+        work = args.workdir.resolve()
+        if work.exists() and any(work.iterdir()):
+            p.error(f"--workdir {work} is not empty")
+        work.mkdir(parents=True, exist_ok=True)
+        remove = False
+    report: dict = {"files": args.files, "rows": args.files * args.rows, "rows_per_file": args.rows,
+                    "ok": False, "workdir": str(work)}
+    try:
+        say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
+        t = time.perf_counter()
+        staging = work / "staging"
+        names = generate(staging, args.files, args.rows)
+        size = sum((staging / n).stat().st_size for n in names)
+        say(f"generated {size / 1e6:.1f} MB in {time.perf_counter() - t:.1f}s")
+        report["csv_mb"] = round(size / 1e6, 1)
+
+        lf = run_lakefeed(work, staging, names, args.rows, args, deadline)
+        groups = lf.pop("batch_files")
+        breakdown = lf.pop("breakdown")
+        first_land = lf.pop("first_land")
+        data_dir = work / "landing" / "data"
+
+        say(f"floor (single table): {len(groups)} appends, same grouping as lakefeed")
+        floor = run_floor(data_dir, work / "floor1", groups, with_changelog=False, deadline=deadline)
+        say(f"  {floor['rows_per_s']:,.0f} rows/s ({floor['elapsed_s']}s)")
+        say("floor (table + changelog)")
+        floor_cl = run_floor(data_dir, work / "floor2", groups, with_changelog=True, deadline=deadline)
+        say(f"  {floor_cl['rows_per_s']:,.0f} rows/s ({floor_cl['elapsed_s']}s)")
+
+        ratio = lf["rows_per_s"] / floor["rows_per_s"]
+        for b in breakdown:
+            b["start_after_first_land_s"] = round(b.pop("start") - first_land, 3)
+            b["committed_after_first_land_s"] = round(b.pop("committed") - first_land, 3)
+        report.update({
+            "lakefeed_rows_per_s": round(lf["rows_per_s"]),
+            "floor_rows_per_s": round(floor["rows_per_s"]),
+            "ratio": round(ratio, 3),
+            "floor_with_changelog_rows_per_s": round(floor_cl["rows_per_s"]),
+            "ratio_vs_floor_with_changelog": round(lf["rows_per_s"] / floor_cl["rows_per_s"], 3),
+            "goal_ratio": GOAL_RATIO,
+            "goal_met": ratio >= GOAL_RATIO,
+            "latency_p50_s": round(lf["latency_p50_s"], 3),
+            "latency_p99_s": round(lf["latency_p99_s"], 3),
+            "latency_max_s": round(lf["latency_max_s"], 3),
+            "batches": lf["batches"],
+            "lakefeed_elapsed_s": lf["elapsed_s"],
+            "lakefeed_startup_s": lf["startup_s"],
+            "lakefeed_shutdown_s": lf["shutdown_s"],
+            "daemon_exit_code": lf["exit_code"],
+            "floor_elapsed_s": floor["elapsed_s"],
+            "floor_with_changelog_elapsed_s": floor_cl["elapsed_s"],
+            "floor_detail": {"single_table": floor, "with_changelog": floor_cl},
+            "lakefeed_commits": lf["commits"],
+            "lakefeed_batches_from_log": breakdown,
+            "ok": True,
+        })
+        say(f"lakefeed {report['lakefeed_rows_per_s']:,} rows/s, floor {report['floor_rows_per_s']:,} rows/s, "
+            f"ratio {ratio:.3f} (goal >= {GOAL_RATIO}); latency p50 {lf['latency_p50_s']:.2f}s "
+            f"p99 {lf['latency_p99_s']:.2f}s; {lf['batches']} batches")
+        return 0
+    except (BenchError, OSError, pa.ArrowException) as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"FAILED: {report['error']}")
+        return 1
+    except KeyboardInterrupt:
+        report["error"] = "interrupted"
+        return 1
+    finally:
+        print(json.dumps(report), flush=True)
+        if remove:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"kept {work}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Everything that speaks to the outside: sources, the inbox stream, Delta and manifest writers."""

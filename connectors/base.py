@@ -1,0 +1,53 @@
+"""Contracts between the core and the connectors.
+
+A Source turns what happens outside (a file landing, a notification) into inbox entries;
+its resumable position is the inbox offset, kept in Spark's checkpoint. A TableSink is a
+table that commits idempotently: a commit carries an application transaction
+(app_id, version) and a replayed one is recognised and skipped.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import pyarrow as pa
+
+
+class Source(ABC):
+    """Lifecycle: start() begins delivering to the inbox; stop() stops intake and returns promptly."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @abstractmethod
+    def reconcile(self) -> int:
+        """List what the source holds, enqueue what the inbox has not seen, return how many."""
+
+
+class TableSink(ABC):
+    @abstractmethod
+    def committed_version(self, app_id: str) -> int | None:
+        """The last transaction version committed by `app_id`, or None."""
+
+    @abstractmethod
+    def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        """Append `data` (possibly empty) in one commit recording (app_id, version) and `metadata`."""
+
+    @abstractmethod
+    def schema(self) -> pa.Schema | None:
+        """The table's schema, or None while the table does not exist."""
+
+    @abstractmethod
+    def max_of(self, column: str) -> Any:
+        """The largest value of a column, from file statistics; None for an empty table."""
+
+    @abstractmethod
+    def commits_after(self, version: int) -> list[dict[str, Any]]:
+        """Commit infos (with their custom metadata) of versions greater than `version`, oldest first."""
+
+    @abstractmethod
+    def version(self) -> int | None: ...

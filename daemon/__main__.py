@@ -1,0 +1,3 @@
+from lakefeed.cli import main
+
+raise SystemExit(main())

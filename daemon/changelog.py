@@ -1,0 +1,51 @@
+"""The Open Data Fabric changelog rows and the quarantine rows of a batch.
+
+Changelog columns follow ODF: `offset` (dense, monotonic per dataset), `op` (0 append,
+1 retract, 2 correct-from, 3 correct-to), `system_time`, `event_time`, then the data, then
+provenance (`source_file`, `batch_id`). This foundation emits appends only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+from lakefeed.read import BadRow
+
+OP_APPEND = 0
+_TS = pa.timestamp("us", tz="UTC")
+QUARANTINE_SCHEMA = pa.schema([
+    ("entity", pa.string()), ("source_file", pa.string()), ("line", pa.int64()), ("reason", pa.string()),
+    ("raw", pa.string()), ("batch_id", pa.int64()), ("system_time", _TS),
+])
+
+
+def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_time: datetime,
+                    event_time_column: str | None) -> pa.Table:
+    n = data.num_rows
+    system = pa.array([system_time] * n, _TS)
+    event = data.column(event_time_column).cast(_TS) if event_time_column else system
+    front = pa.table({
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "op": pa.array([OP_APPEND] * n, pa.int8()),
+        "system_time": system,
+        "event_time": event,
+    })
+    data_columns = [c for c in data.column_names if c != "source_file"]
+    out = front
+    for name in data_columns:
+        out = out.append_column(data.field(name), data.column(name))
+    out = out.append_column("source_file", data.column("source_file"))
+    return out.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+
+
+def quarantine_table(entity: str, bad: list[tuple[str, BadRow]], batch_id: int, system_time: datetime) -> pa.Table:
+    return pa.table({
+        "entity": [entity] * len(bad),
+        "source_file": [path for path, _ in bad],
+        "line": [row.line for _, row in bad],
+        "reason": [row.reason for _, row in bad],
+        "raw": [row.raw for _, row in bad],
+        "batch_id": [batch_id] * len(bad),
+        "system_time": [system_time] * len(bad),
+    }, schema=QUARANTINE_SCHEMA)

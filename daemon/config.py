@@ -1,0 +1,236 @@
+"""The configuration: one frozen, validated model loaded from YAML.
+
+Relative paths are resolved against the folder holding the config file, so a config and the
+lake it describes can move together. Every validation problem is reported as
+`file:line: field: message`, with the line of the YAML node at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from lakefeed.errors import ConfigError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base_dir")
+    if base is not None and not value.is_absolute():
+        return (Path(base) / value).resolve()
+    return value
+
+
+ResolvedPath = Annotated[Path, AfterValidator(_resolve)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PatternSpec(_Frozen):
+    """An inline CDM partition pattern, used when lakefeed creates the entity in the manifest."""
+
+    name: str
+    root_location: str = ""
+    regular_expression: str | None = None
+    glob_pattern: str | None = None
+    parameters: tuple[str, ...] = ()
+    incremental: IncrementalType | None = Field(
+        default=None, description="CDC type of an incrementalPartitionPattern; absent for a data pattern."
+    )
+
+    @model_validator(mode="after")
+    def _one_expression(self) -> PatternSpec:
+        if not (self.regular_expression or self.glob_pattern):
+            raise ValueError("give regular_expression or glob_pattern")
+        if self.regular_expression:
+            try:
+                re.compile(self.regular_expression)
+            except re.error as exc:
+                raise ValueError(f"regular_expression does not compile: {exc}") from exc
+        return self
+
+
+class CsvFormat(_Frozen):
+    kind: Literal["csv"] = "csv"
+    header: bool = True
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    quote: str = Field(default='"', min_length=1, max_length=1)
+    encoding: str = "utf-8"
+    null_value: str = ""
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(value)
+        except LookupError as exc:
+            raise ValueError(f"unknown encoding {value!r}") from exc
+        return value
+
+
+class JsonFormat(_Frozen):
+    kind: Literal["json", "ndjson"]
+
+
+class ParquetFormat(_Frozen):
+    kind: Literal["parquet"]
+
+
+FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat, Field(discriminator="kind")]
+
+
+class LocalDirSource(_Frozen):
+    type: Literal["local_dir"] = "local_dir"
+    path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
+    reconcile_interval_s: float = Field(default=60.0, gt=0, description="Listing to catch missed events.")
+    max_files_per_trigger: int = Field(default=1000, gt=0)
+
+
+class EntityConfig(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    source: LocalDirSource
+    manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
+    patterns: tuple[PatternSpec, ...] = ()
+    format: FileFormat = CsvFormat()
+    event_time_column: str | None = None
+    table: ResolvedPath
+    changelog: ResolvedPath
+    quarantine: ResolvedPath
+    checkpoint: ResolvedPath
+    state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
+
+    @model_validator(mode="after")
+    def _landing_inside_cdm_folder(self) -> EntityConfig:
+        if not self.manifest.name.endswith(".manifest.cdm.json"):
+            raise ValueError("manifest must be a *.manifest.cdm.json file")
+        root = self.manifest.parent
+        if root != self.source.path and root not in self.source.path.parents:
+            raise ValueError(
+                f"source.path {self.source.path} must be the manifest's folder {root} or below it: "
+                "partition locations are corpus paths relative to the manifest"
+            )
+        return self
+
+
+class SparkConfig(_Frozen):
+    master: str = "local[2]"
+    app_name: str = "lakefeed"
+    trigger_interval_s: float = Field(default=1.0, gt=0)
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class LakefeedConfig(_Frozen):
+    lake_dir: ResolvedPath = Path("var/lake")
+    state_dir: ResolvedPath = Path("var/state")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    shutdown_timeout_s: float = Field(default=60.0, gt=0)
+    spark: SparkConfig = SparkConfig()
+    entities: tuple[EntityConfig, ...]
+
+    @field_validator("entities")
+    @classmethod
+    def _some_entity(cls, value: tuple[EntityConfig, ...]) -> tuple[EntityConfig, ...]:
+        if not value:
+            raise ValueError("declare at least one entity")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entity_defaults(cls, data: Any) -> Any:
+        """Fill each entity's unset paths from lake_dir/state_dir before validation."""
+        if not isinstance(data, dict) or not isinstance(data.get("entities"), list):
+            return data
+        lake = str(data.get("lake_dir", "var/lake"))
+        state = str(data.get("state_dir", "var/state"))
+        entities = []
+        for raw in data["entities"]:
+            if isinstance(raw, dict) and isinstance(raw.get("name"), str):
+                name = raw["name"]
+                raw = {
+                    "table": f"{lake}/{name}/table",
+                    "changelog": f"{lake}/{name}/changelog",
+                    "quarantine": f"{lake}/{name}/quarantine",
+                    "checkpoint": f"{state}/{name}/checkpoint",
+                    "state": f"{state}/{name}",
+                    **raw,
+                }
+                source = raw.get("source")
+                if "manifest" not in raw and isinstance(source, dict) and "path" in source:
+                    raw["manifest"] = f"{source['path']}/default.manifest.cdm.json"
+            entities.append(raw)
+        return {**data, "entities": entities}
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> LakefeedConfig:
+        names = [e.name for e in self.entities]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"entity names must be unique: {', '.join(duplicates)}")
+        return self
+
+    def entity(self, name: str) -> EntityConfig:
+        return next(e for e in self.entities if e.name == name)
+
+
+def json_schema() -> dict[str, Any]:
+    return LakefeedConfig.model_json_schema()
+
+
+def load(path: str | Path) -> LakefeedConfig:
+    """Read, validate and freeze a config file, or raise ConfigError listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}:1: (file): cannot read: {exc.strerror}"]) from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise ConfigError([f"{path}:{line}: (yaml): {getattr(exc, 'problem', exc)}"]) from exc
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: (root): the config must be a mapping"])
+    try:
+        return LakefeedConfig.model_validate(data, context={"base_dir": path.parent.resolve()})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            field = ".".join(str(p) for p in loc) or "(root)"
+            problems.append(f"{path}:{_line_of(node, loc)}: {field}: {err['msg']}")
+        raise ConfigError(problems) from exc
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest YAML node along a pydantic error location."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == part), None)
+            if match is None:
+                continue  # a union tag or a missing key: stay on the parent
+            key_line = next(k.start_mark.line for k, v in node.value if v is match)
+            node, line = match, key_line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+    return line

@@ -1,0 +1,201 @@
+"""Discovery: which partition of an entity a landed file is, by CDM pattern semantics.
+
+Follows the CDM manifest spec and, where it is silent, Microsoft's CDM SDK
+(`cdm_data_partition_pattern_def.py`): the pattern is matched in full against the file's
+path relative to `rootLocation`, written with a leading `/`; `globPattern` is preferred over
+`regularExpression`; captured groups become arguments for `parameters` in order, stopping
+at the first group that did not take part. Where the spec and the SDK disagree (which of
+several matching patterns wins) the spec is followed: the last pattern processed takes
+precedence. Explicitly listed partitions are never overwritten by inferred ones.
+See docs/cdm-discovery.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lakefeed import log
+
+INCREMENTAL_TRAIT = "is.partition.incremental"
+INCREMENTAL_TYPES = ("Insert", "Update", "Delete", "Upsert", "UpsertAndDelete")
+_log = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    root_location: str
+    expression: re.Pattern[str]
+    parameters: tuple[str, ...] = ()
+    incremental_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A discovered (or explicitly listed) partition of one file."""
+
+    location: str
+    arguments: dict[str, list[str]] = field(default_factory=dict)
+    incremental_type: str | None = None
+    pattern_name: str | None = None
+    explicit: bool = False
+
+    @property
+    def is_incremental(self) -> bool:
+        return self.incremental_type is not None
+
+
+def normalize_location(location: str) -> str:
+    """A corpus path compared by its place under the manifest folder."""
+    for prefix in ("local:", "./"):
+        location = location.removeprefix(prefix)
+    return location.lstrip("/")
+
+
+def glob_to_regex(glob: str) -> str:
+    """The CDM SDK's glob translation, with regex metacharacters that globs treat as literals escaped.
+
+    The SDK leaves `+ ( ) { } ^ $ |` unescaped, so a glob `a+b.csv` never matches the file
+    of that name there; here it does (docs/cdm-discovery.md).
+    """
+    out = ["[/\\\\]"]
+    i = 1 if glob[:1] in ("/", "\\") else 0
+    while i < len(glob):
+        c = glob[i]
+        if c == ".":
+            out.append("\\.")
+        elif c == "\\":
+            out.append("[/\\\\]")
+        elif c == "?":
+            out.append(".")
+        elif c == "*":
+            if glob[i + 1 : i + 2] == "*":
+                prev = glob[i - 1] if i > 0 else None
+                post = glob[i + 2] if i + 2 < len(glob) else None
+                if prev in (None, "/", "\\") and post in (None, "/", "\\"):
+                    out.append(".*")
+                    if prev in ("/", "\\") and post in ("/", "\\"):
+                        out.append("/?")
+                        i += 1
+                else:
+                    out.append("[^/\\\\]*")
+                i += 1
+            else:
+                out.append("[^/\\\\]*")
+        elif c in "+(){}^$|":
+            out.append("\\" + c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _trait_args(declaration: dict[str, Any], trait: str) -> dict[str, Any] | None:
+    for ref in declaration.get("exhibitsTraits") or ():
+        name = ref if isinstance(ref, str) else ref.get("traitReference")
+        if name == trait:
+            args = {} if isinstance(ref, str) else ref.get("arguments") or []
+            if isinstance(args, dict):
+                return args
+            return {a.get("name"): a.get("value") for a in args if isinstance(a, dict)}
+    return None
+
+
+def parse_arguments(raw: Any) -> dict[str, list[str]]:
+    """Partition arguments in either form the spec shows: `{name, value}` items or `{name: [values]}`."""
+    args: dict[str, list[str]] = {}
+    for item in raw or ():
+        if not isinstance(item, dict):
+            continue
+        if "name" in item and "value" in item:
+            args.setdefault(str(item["name"]), []).append(str(item["value"]))
+        else:
+            for name, values in item.items():
+                values = values if isinstance(values, list) else [values]
+                args.setdefault(str(name), []).extend(str(v) for v in values)
+    return args
+
+
+def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern | None:
+    """A pattern from its manifest JSON, or None (logged) when it cannot be used."""
+    name = declaration.get("name") or ""
+    glob, regex = declaration.get("globPattern"), declaration.get("regularExpression")
+    source = glob_to_regex(glob) if glob and glob.strip() else regex
+    trait = _trait_args(declaration, INCREMENTAL_TRAIT)
+    kind = None
+    if incremental:
+        kind = (trait or {}).get("type")
+        if kind not in INCREMENTAL_TYPES:
+            _log.error("pattern.invalid", pattern=name, reason=f"incremental type {kind!r} is not one of "
+                       f"{', '.join(INCREMENTAL_TYPES)} (trait {INCREMENTAL_TRAIT})")
+            return None
+    elif trait is not None:
+        _log.error("pattern.invalid", pattern=name, reason=f"a data partition pattern carries {INCREMENTAL_TRAIT};"
+                   " move it to incrementalPartitionPatterns")
+        return None
+    if not source or not source.strip():
+        _log.error("pattern.invalid", pattern=name, reason="no regularExpression or globPattern")
+        return None
+    try:
+        expression = re.compile(source)
+    except re.error as exc:
+        _log.error("pattern.invalid", pattern=name, reason=f"expression does not compile: {exc}")
+        return None
+    root = str(declaration.get("rootLocation") or "")
+    return Pattern(name, root, expression, tuple(declaration.get("parameters") or ()), kind)
+
+
+class Discovery:
+    """Matches relative file paths (relative to the manifest folder) to partitions."""
+
+    def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[Partition] = ()) -> None:
+        self.patterns = tuple(patterns)
+        self._explicit = {normalize_location(p.location): p for p in explicit}
+
+    @classmethod
+    def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = ()) -> Discovery:
+        """From a local entity declaration; partitions whose locations lakefeed wrote are not explicit."""
+        patterns = [pattern_from_json(p, False) for p in entity.get("dataPartitionPatterns") or ()]
+        patterns += [pattern_from_json(p, True) for p in entity.get("incrementalPartitionPatterns") or ()]
+        explicit = []
+        for key, incremental in (("dataPartitions", False), ("incrementalPartitions", True)):
+            for decl in entity.get(key) or ():
+                location = decl.get("location")
+                if not location or normalize_location(location) in owned:
+                    continue
+                kind = (_trait_args(decl, INCREMENTAL_TRAIT) or {}).get("type") if incremental else None
+                explicit.append(Partition(location, parse_arguments(decl.get("arguments")), kind, None, True))
+        return cls([p for p in patterns if p is not None], explicit)
+
+    def match(self, relative_path: str) -> Partition | None:
+        explicit = self._explicit.get(normalize_location(relative_path))
+        if explicit is not None:
+            return explicit
+        found = None
+        for pattern in self.patterns:  # the last pattern processed takes precedence
+            partition = match_pattern(pattern, relative_path)
+            if partition is not None:
+                found = partition
+        return found
+
+
+def match_pattern(pattern: Pattern, relative_path: str) -> Partition | None:
+    root = pattern.root_location.rstrip("/")
+    rel = "/" + normalize_location(relative_path)
+    root_norm = "/" + normalize_location(root) if normalize_location(root) else ""
+    if root_norm and not rel.startswith(root_norm + "/"):
+        return None
+    file_name = rel[len(root_norm) :]
+    m = pattern.expression.fullmatch(file_name)
+    if m is None:
+        return None
+    args: dict[str, list[str]] = {}
+    for i in range(1, (pattern.expression.groups or 0) + 1):
+        value = m.group(i)
+        if value is None or i > len(pattern.parameters):
+            break
+        args.setdefault(pattern.parameters[i - 1], []).append(value)
+    return Partition(root + file_name, args, pattern.incremental_type, pattern.name, False)

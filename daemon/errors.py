@@ -1,0 +1,27 @@
+"""One root exception; Transient errors are retried, Terminal ones stop the entity and are reported."""
+
+from __future__ import annotations
+
+
+class LakefeedError(Exception):
+    """Root of every error lakefeed raises on purpose."""
+
+
+class TransientError(LakefeedError):
+    """Worth retrying with backoff: the cause may go away (a busy file system, a slow store)."""
+
+
+class TerminalError(LakefeedError):
+    """Retrying will not help; the entity stops and the error is reported with what to do."""
+
+
+class ManifestError(TerminalError):
+    """A CDM manifest cannot be read or does not describe the entity."""
+
+
+class ConfigError(LakefeedError):
+    """A configuration file is invalid; `problems` holds one `file:line: field: message` per fault."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))

@@ -1,0 +1,223 @@
+"""One micro-batch of an entity: discover → read → commit → manifests.
+
+Called from the streaming query's foreachBatch with the inbox records of the batch. The
+three Delta commits (quarantine, changelog, table) each carry the application transaction
+(app_id = lakefeed + entity + Spark query id, version = batch id), so a batch that Spark
+replays after a crash changes nothing that was already committed, and completes what was not.
+The table commit goes last and records the batch's partitions for the manifest keeper.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from lakefeed import clock, log
+from lakefeed.changelog import build_changelog, quarantine_table
+from lakefeed.config import EntityConfig
+from lakefeed.connectors import cdm_manifest
+from lakefeed.connectors.base import TableSink
+from lakefeed.discovery import Discovery, Partition
+from lakefeed.inbox import InboxRecord
+from lakefeed.manifests import METADATA_KEY, ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.read import BadRow, read_file
+from lakefeed.schema import from_entity_document
+
+_log = log.get(__name__)
+
+
+@dataclass
+class Sinks:
+    table: TableSink
+    changelog: TableSink
+    quarantine: TableSink
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    files: int = 0
+    rows: int = 0
+    quarantined: int = 0
+    unmatched: int = 0
+    skipped: bool = False
+    partitions: list[dict] = field(default_factory=list)
+
+
+class EntityPipeline:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.root = cfg.manifest.parent
+        self.keeper = ManifestKeeper(cfg, sinks.table)
+        self._query_id: str | None = None
+        self._next_offset: int | None = None
+
+    def prepare(self) -> None:
+        """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
+        ensure_entity(self.cfg)
+        self.keeper.refresh()
+
+    def app_id(self) -> str:
+        if self._query_id is None:
+            # Spark writes the query id into the checkpoint before the first batch; it survives restarts.
+            meta = json.loads((self.cfg.checkpoint / "metadata").read_text(encoding="utf-8"))
+            self._query_id = meta["id"]
+        return f"lakefeed:{self.cfg.name}:{self._query_id}"
+
+    def _done(self, sink: TableSink, batch_id: int) -> bool:
+        version = sink.committed_version(self.app_id())
+        return version is not None and version >= batch_id
+
+    def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
+        if self._done(self.sinks.table, batch_id):
+            log_.info("batch.replay_skipped", files=len(records))
+            result.skipped = True
+            self.keeper.refresh()
+            return result
+        checked_at = clock.now()
+        doc = cdm_manifest.load(self.cfg.manifest)
+        entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
+        discovery = Discovery.from_entity(entity, self.keeper.owned())
+        target = self.sinks.table.schema() or self._declared_schema(entity)
+        tables: list[pa.Table] = []
+        bad: list[tuple[str, BadRow]] = []
+        for rec in records:
+            partition = self._discover(discovery, rec, log_)
+            if partition is None:
+                result.unmatched += 1
+                continue
+            read = self._read(rec, _without(target, partition.arguments), log_)
+            if read is None:
+                continue
+            table, file_bad = read
+            bad.extend((rec.path, b) for b in file_bad)
+            if table is not None:
+                if target is None:
+                    target = table.schema
+                tables.append(_with_arguments(table, partition, rec.path))
+            result.files += 1
+            result.partitions.append(partition_record(partition, clock.to_cdm(clock.from_ns(rec.mtime_ns))))
+        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        if data is not None and self.cfg.event_time_column:
+            data, late_bad = _event_times(data, self.cfg.event_time_column)
+            bad.extend(late_bad)
+        self._commit(data, bad, result, checked_at, log_)
+        self.keeper.refresh()
+        return result
+
+    def _discover(self, discovery: Discovery, rec: InboxRecord, log_) -> Partition | None:
+        relative = Path(os.path.relpath(rec.path, self.root)).as_posix()
+        partition = discovery.match(relative)
+        if partition is None:
+            log_.warning("file.unmatched", file=rec.path, relative=relative,
+                         reason="no partition pattern or explicit partition of the entity matches it")
+        else:
+            log_.info("file.discovered", file=rec.path, location=partition.location,
+                      arguments=partition.arguments, incremental=partition.incremental_type)
+        return partition
+
+    def _read(self, rec: InboxRecord, target: pa.Schema | None, log_):
+        path = Path(rec.path)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
+            return None
+        if (st.st_size, st.st_mtime_ns) != (rec.size, rec.mtime_ns):
+            # Rewritten since it was enqueued: its new version has its own, later inbox record.
+            log_.info("file.superseded", file=rec.path)
+            return None
+        try:
+            read = read_file(path, self.cfg.format, target)
+        except FileNotFoundError:
+            log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
+            return None
+        return read.table, read.bad
+
+    def _declared_schema(self, entity: dict) -> pa.Schema | None:
+        document = schema_document(self.root, entity)
+        if document is None or not document.exists():
+            return None
+        return from_entity_document(document, self.cfg.name)
+
+    def _commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
+                checked_at: datetime, log_) -> None:
+        app_id, batch_id = self.app_id(), result.batch_id
+        meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id)}
+        if bad and not self._done(self.sinks.quarantine, batch_id):
+            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
+                                         app_id, batch_id, meta)
+            for path, row in bad:
+                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+        result.quarantined = len(bad)
+        rows = data.num_rows if data is not None else 0
+        if data is not None and not self._done(self.sinks.changelog, batch_id):
+            first = self._offset_start()
+            changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)
+            self.sinks.changelog.append(changelog, app_id, batch_id, meta)
+            self._next_offset = first + rows
+        if data is None:
+            schema = self.sinks.table.schema()
+            if schema is None:
+                log_.warning("batch.nothing_to_commit", partitions=len(result.partitions),
+                             reason="no rows and no table yet; the partitions are not recorded")
+                return
+            data = schema.empty_table()
+        partitions = {"checked": clock.to_cdm(checked_at), "partitions": result.partitions}
+        self.sinks.table.append(data.drop_columns([c for c in ("source_file",) if c in data.column_names]),
+                                app_id, batch_id, {**meta, METADATA_KEY: json.dumps(partitions)})
+        result.rows = rows
+        log_.info("batch.committed", files=result.files, rows=rows, quarantined=len(bad),
+                  unmatched=result.unmatched)
+
+    def _offset_start(self) -> int:
+        if self._next_offset is None:
+            last = self.sinks.changelog.max_of("offset")
+            self._next_offset = 0 if last is None else int(last) + 1
+        return self._next_offset
+
+
+def _with_arguments(table: pa.Table, partition: Partition, path: str) -> pa.Table:
+    for name, values in partition.arguments.items():
+        if name in table.column_names:
+            continue  # the data's own column wins; the argument stays in the manifest
+        value = values[0] if len(values) == 1 else json.dumps(values)
+        table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
+    return table.append_column("source_file", pa.array([path] * table.num_rows, pa.string()))
+
+
+def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Schema | None:
+    """The file's part of the table schema: partition arguments come from the path, not the file."""
+    if schema is None:
+        return None
+    return pa.schema([f for f in schema if f.name not in arguments])
+
+
+def _event_times(data: pa.Table, column: str) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    if column not in data.column_names:
+        return data, [(p, BadRow(None, f"event time column {column!r} is missing", ""))
+                      for p in pc.unique(data.column("source_file")).to_pylist()]
+    values = data.column(column)
+    try:
+        pc.cast(values, pa.timestamp("us", tz="UTC"))
+        return data, []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    ok, bad = [], []
+    for i, v in enumerate(values.to_pylist()):
+        try:
+            pa.scalar(v).cast(pa.timestamp("us", tz="UTC"))
+            ok.append(True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            ok.append(False)
+            bad.append((data.column("source_file")[i].as_py(),
+                        BadRow(None, f"event time {v!r} in column {column!r} is not a timestamp", str(v))))
+    return data.filter(pa.array(ok)), bad

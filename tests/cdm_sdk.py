@@ -1,0 +1,35 @@
+"""Driving Microsoft's CDM SDK (commondatamodel-objectmodel), the reference peer for discovery."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from cdm.objectmodel import CdmCorpusDefinition
+from cdm.storage import CdmStandardsAdapter, LocalAdapter
+
+
+async def _load(root: Path, manifest: str, status_check: bool):
+    corpus = CdmCorpusDefinition()
+    corpus.storage.mount("local", LocalAdapter(str(root)))
+    corpus.storage.mount("cdm", CdmStandardsAdapter())
+    corpus.storage.default_namespace = "local"
+    doc = await corpus.fetch_object_async(f"local:/{manifest}")
+    assert doc is not None, f"the CDM SDK could not load {manifest}"
+    if status_check:
+        await doc.file_status_check_async()
+    return doc
+
+
+def partitions(root: Path, manifest: str = "default.manifest.cdm.json", status_check: bool = False):
+    """{entity: {(location, incremental): {argument: [values]}}} as the SDK sees the manifest."""
+    doc = asyncio.run(_load(root, manifest, status_check))
+    out = {}
+    for entity in doc.entities:
+        found = {}
+        for p in entity.data_partitions:
+            found[(p.location, False)] = {k: list(v) for k, v in p.arguments.items()}
+        for p in entity.incremental_partitions:
+            found[(p.location, True)] = {k: list(v) for k, v in p.arguments.items()}
+        out[entity.entity_name] = found
+    return out, doc

@@ -1,0 +1,77 @@
+"""Shared fixtures: one local SparkSession per test process, config files in tmp_path, waiting."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+os.environ.setdefault("TZ", "UTC")  # the CDM SDK's local adapter reports local time as UTC
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.1, what: str = "") -> T:
+    """Poll until `condition()` is truthy and return it; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+def entity_yaml(name: str = "sales", **overrides: Any) -> dict[str, Any]:
+    entity: dict[str, Any] = {
+        "name": name,
+        "source": {"type": "local_dir", "path": "landing", "reconcile_interval_s": 1.0},
+        "manifest": "landing/default.manifest.cdm.json",
+        "patterns": [
+            {"name": "byMonth", "root_location": name, "regular_expression": r"/(\d{4})/(\d{2})/[^/]+\.csv",
+             "parameters": ["year", "month"]},
+            {"name": "flat", "root_location": name, "glob_pattern": "/*.csv"},
+        ],
+        "format": {"kind": "csv", "header": True},
+    }
+    entity.update(overrides)
+    return entity
+
+
+def write_config(folder: Path, entities: list[dict[str, Any]] | None = None, **top: Any) -> Path:
+    doc: dict[str, Any] = {
+        "lake_dir": "lake",
+        "state_dir": "state",
+        "log_level": "INFO",
+        "spark": {"master": "local[2]", "trigger_interval_s": 0.3},
+        "entities": entities or [entity_yaml()],
+    }
+    doc.update(top)
+    path = folder / "lakefeed.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def land(path: Path, text: str) -> Path:
+    """Write a file the way producers should: under a temporary name, then rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from lakefeed import spark as spark_module
+    from lakefeed.config import SparkConfig
+
+    session = spark_module.session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "1"}))
+    yield session
+    session.stop()

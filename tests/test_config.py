@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lakefeed import cli, config
+from lakefeed.errors import ConfigError
+from tests.conftest import entity_yaml, write_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_embedded_default_config_is_valid_and_resolves_under_var():
+    cfg = config.load(REPO / "config" / "lakefeed.yaml")
+    assert cfg.lake_dir == REPO / "var" / "lake"
+    sales = cfg.entity("sales")
+    assert sales.source.path == REPO / "var" / "landing"
+    assert sales.table == REPO / "var" / "lake" / "sales" / "table"
+    assert sales.checkpoint == REPO / "var" / "state" / "sales" / "checkpoint"
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = config.load(write_config(tmp_path))
+    with pytest.raises(Exception, match="frozen"):
+        cfg.entities[0].name = "other"  # type: ignore[misc]
+
+
+def test_every_problem_is_reported_with_file_line_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "lake_dir: lake\n"                       # 1
+        "spark:\n"                               # 2
+        "  trigger_interval_s: -1\n"             # 3
+        "entities:\n"                            # 4
+        "  - name: sales\n"                      # 5
+        "    source:\n"                          # 6
+        "      path: landing\n"                  # 7
+        "    format:\n"                          # 8
+        "      kind: csv\n"                      # 9
+        "      delimiter: ';;'\n"                # 10
+        "    patterns:\n"                        # 11
+        "      - name: p\n"                      # 12
+        "        regular_expression: '(['\n"     # 13
+        "    colour: blue\n",                    # 14
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    problems = info.value.problems
+    assert f"{path}:3: spark.trigger_interval_s: Input should be greater than 0" in problems
+    assert any(p.startswith(f"{path}:10: entities.0.format.csv.delimiter:") for p in problems), problems
+    assert any(p.startswith(f"{path}:12: entities.0.patterns.0:") and "does not compile" in p for p in problems)
+    assert any(p.startswith(f"{path}:14: entities.0.colour: Extra inputs are not permitted") for p in problems)
+    assert len(problems) == 4
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("entities:\n  - name: a\n  bad: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert info.value.problems[0].startswith(f"{path}:")
+    assert "(yaml)" in info.value.problems[0]
+
+
+def test_landing_folder_must_be_inside_the_cdm_folder(tmp_path):
+    path = write_config(tmp_path, [entity_yaml(manifest="elsewhere/default.manifest.cdm.json")])
+    with pytest.raises(ConfigError, match="must be the manifest's folder"):
+        config.load(path)
+
+
+def test_duplicate_entity_names_are_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="unique: sales"):
+        config.load(write_config(tmp_path, [entity_yaml(), entity_yaml()]))
+
+
+def test_validate_command_prints_problems_and_exits_non_zero(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("entities: []\n", encoding="utf-8")
+    assert cli.main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:1: entities:")
+    assert cli.main(["validate", str(write_config(tmp_path))]) == 0
+
+
+def test_config_schema_command_prints_json_schema(capsys):
+    assert cli.main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "LakefeedConfig"
+    assert "entities" in schema["properties"]

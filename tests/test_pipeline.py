@@ -1,0 +1,170 @@
+"""The commit protocol and manifest upkeep with real files and real Delta tables (no Spark needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed import config
+from lakefeed.connectors import cdm_manifest
+from lakefeed.connectors.delta_rs import DeltaRsSink
+from lakefeed.errors import ManifestError
+from lakefeed.inbox import FileEvent, Inbox
+from lakefeed.pipeline import EntityPipeline, Sinks
+from tests.conftest import entity_yaml, land, write_config
+
+
+@pytest.fixture
+def setup(tmp_path):
+    cfg = config.load(write_config(tmp_path)).entities[0]
+    cfg.checkpoint.mkdir(parents=True)
+    (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
+    pipeline = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog),
+                                         DeltaRsSink(cfg.quarantine)))
+    pipeline.prepare()
+    inbox = Inbox(cfg.state / "inbox")
+    return cfg, pipeline, inbox
+
+
+def _batch(inbox, *paths):
+    return inbox.offer([FileEvent.of(p) for p in paths])
+
+
+def rows(uri):
+    return DeltaTable(str(uri)).to_pyarrow_table()
+
+
+def test_batch_appends_table_and_odf_changelog_and_quarantines_bad_rows(setup):
+    cfg, pipeline, inbox = setup
+    root = cfg.source.path
+    a = land(root / "sales/2024/01/a.csv", "id,amount\n1,1.5\n2,x\n3\n")
+    b = land(root / "sales/b.csv", "id,amount\n4,2.5\n")
+    c = land(root / "sales/notes/readme.md", "hello")
+    result = pipeline.process(_batch(inbox, a, b, c), 0)
+    assert (result.files, result.rows, result.quarantined, result.unmatched) == (2, 3, 1, 1)
+    table = rows(cfg.table).sort_by("id").to_pydict()
+    assert table["id"] == [1, 2, 4] and table["year"] == ["2024", "2024", None]
+    changelog = rows(cfg.changelog).sort_by("offset").to_pydict()
+    assert changelog["offset"] == [0, 1, 2] and set(changelog["op"]) == {0}
+    assert changelog["event_time"] == changelog["system_time"]
+    assert set(changelog["source_file"]) == {str(a), str(b)}
+    quarantine = rows(cfg.quarantine).to_pydict()
+    assert quarantine["line"] == [4] and quarantine["raw"] == ["3"] and quarantine["source_file"] == [str(a)]
+
+    d = land(root / "sales/2024/02/d.csv", "id,amount\n5,1\n6,2\n")
+    pipeline.process(_batch(inbox, d), 1)
+    assert rows(cfg.changelog).sort_by("offset")["offset"].to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_replayed_batch_changes_nothing(setup):
+    cfg, pipeline, inbox = setup
+    records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
+    pipeline.process(records, 0)
+    versions = [DeltaTable(str(p)).version() for p in (cfg.table, cfg.changelog)]
+    fresh = EntityPipeline(cfg, pipeline.sinks)  # as after a restart
+    assert fresh.process(records, 0).skipped
+    assert [DeltaTable(str(p)).version() for p in (cfg.table, cfg.changelog)] == versions
+    assert rows(cfg.table).num_rows == 2
+
+
+def test_crash_after_changelog_commit_is_completed_on_replay(setup, monkeypatch):
+    cfg, pipeline, inbox = setup
+    records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
+    original = pipeline.sinks.table.append
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed between changelog and table commit")
+
+    monkeypatch.setattr(pipeline.sinks.table, "append", crash)
+    with pytest.raises(RuntimeError):
+        pipeline.process(records, 0)
+    monkeypatch.setattr(pipeline.sinks.table, "append", original)
+    fresh = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine)))
+    fresh.process(records, 0)
+    assert rows(cfg.table).num_rows == 2
+    assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]  # not appended twice
+
+
+def test_crash_before_manifest_write_is_repaired_by_next_batch(setup, monkeypatch):
+    cfg, pipeline, inbox = setup
+    save = cdm_manifest.save
+    monkeypatch.setattr(cdm_manifest, "save", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    assert rows(cfg.table).num_rows == 1  # committed, but the manifest missed it
+    monkeypatch.setattr(cdm_manifest, "save", save)
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
+    entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
+    assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv"]
+
+
+def test_invalid_manifest_stops_the_entity_and_is_left_untouched(setup):
+    cfg, pipeline, inbox = setup
+    cfg.manifest.write_text('{"manifestName": "default", "entities": [')
+    with pytest.raises(ManifestError, match="not valid JSON.*left it untouched"):
+        pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    assert cfg.manifest.read_text() == '{"manifestName": "default", "entities": ['
+
+
+def test_vanished_and_rewritten_files_are_skipped(setup):
+    cfg, pipeline, inbox = setup
+    gone = land(cfg.source.path / "sales/gone.csv", "id\n1\n")
+    changed = land(cfg.source.path / "sales/changed.csv", "id\n2\n")
+    records = _batch(inbox, gone, changed)
+    gone.unlink()
+    changed.write_text("id\n2\n3\n")
+    assert pipeline.process(records, 0).files == 0
+    later = _batch(inbox, changed)  # the rewrite has its own identity, so its own inbox record
+    assert pipeline.process(later, 1).rows == 2
+
+
+def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    manifest = {
+        "manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0", "customKey": {"keep": [1, 2]},
+        "imports": [{"corpusPath": "cdm:/foundations.cdm.json"}],
+        "entities": [
+            {"type": "LocalEntity", "entityName": "sales", "entityPath": "sales.cdm.json/sales", "x-note": "mine",
+             "dataPartitionPatterns": [{"name": "p", "rootLocation": "sales", "regularExpression": r"/(\w+)\.csv",
+                                        "parameters": ["name"]}],
+             "dataPartitions": [{"location": "sales/listed.csv", "arguments": [{"name": "name", "value": "LISTED"}],
+                                 "lastFileModifiedTime": "2020-01-01T00:00:00.000Z"}]},
+            {"type": "ReferencedEntity", "entityName": "Other", "entityPath": "other/x.manifest.cdm.json/Other"}],
+        "relationships": [{"fromEntity": "a", "fromEntityAttribute": "b", "toEntity": "c", "toEntityAttribute": "d"}],
+        "subManifests": [{"name": "sub", "definition": "sub/sub.manifest.cdm.json"}],
+    }
+    (landing / "default.manifest.cdm.json").write_text(json.dumps(manifest))
+    (landing / "sales.cdm.json").write_text(json.dumps({"jsonSchemaSemanticVersion": "1.0.0", "definitions": [
+        {"entityName": "sales", "hasAttributes": [{"name": "id", "dataFormat": "Int64"},
+                                                  {"name": "amount", "dataFormat": "Double"}]}]}))
+    cfg = config.load(write_config(tmp_path, [entity_yaml(patterns=[])])).entities[0]
+    cfg.checkpoint.mkdir(parents=True)
+    (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q"}))
+    pipeline = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog),
+                                         DeltaRsSink(cfg.quarantine)))
+    pipeline.prepare()
+    inbox = Inbox(cfg.state / "inbox")
+    files = [land(landing / "sales/listed.csv", "id,amount\n1,2\n"), land(landing / "sales/new.csv", "id,amount\n2,x\n")]
+    result = pipeline.process(_batch(inbox, *files), 0)
+    assert result.quarantined == 1  # "x" is not a Double per the entity schema document
+    assert rows(cfg.table).schema.field("amount").type == pa.float64()
+    doc = cdm_manifest.load(cfg.manifest)
+    for key in ("customKey", "imports", "relationships", "subManifests", "jsonSchemaSemanticVersion"):
+        assert doc[key] == manifest[key]
+    assert doc["entities"][1] == manifest["entities"][1]
+    sales = doc["entities"][0]
+    assert sales["x-note"] == "mine"
+    parts = {p["location"]: p for p in sales["dataPartitions"]}
+    assert parts["sales/listed.csv"]["arguments"] == [{"name": "name", "value": "LISTED"}]
+    assert parts["sales/listed.csv"]["lastFileModifiedTime"] > "2020-01-01T00:00:00.000Z"
+    assert parts["sales/new.csv"]["arguments"] == [{"name": "name", "value": "new"}]
+    # file times propagate upwards: partition -> entity -> manifest
+    child = max(p["lastFileModifiedTime"] for p in parts.values())
+    assert sales["lastChildFileModifiedTime"] == child
+    assert doc["lastChildFileModifiedTime"] >= child
+    assert sales["dataPartitionPatterns"][0]["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]
+    assert doc["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakefeed.config import CsvFormat, JsonFormat, ParquetFormat
+from lakefeed.read import read_file
+
+
+def test_csv_rows_with_wrong_column_count_are_bad_rows_with_their_line(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_text("id,name\n1,a\n2\n3,c\n4,d,extra\n")
+    out = read_file(f, CsvFormat(), None)
+    assert out.table.column("id").to_pylist() == [1, 3]
+    assert [(b.line, b.raw) for b in out.bad] == [(3, "2"), (5, "4,d,extra")]
+    assert "expected 2 columns, found 1" in out.bad[0].reason
+
+
+def test_csv_values_that_do_not_fit_the_schema_are_bad_rows(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_text("id;amount;note\n1;1.5;x\n2;abc;y\n3;;z\n")
+    target = pa.schema([("id", pa.int64()), ("amount", pa.float64()), ("note", pa.string())])
+    out = read_file(f, CsvFormat(delimiter=";"), target)
+    assert out.table.to_pydict() == {"id": [1, 3], "amount": [1.5, None], "note": ["x", "z"]}
+    assert len(out.bad) == 1 and out.bad[0].line == 3
+    assert "'abc' is not a valid double" in out.bad[0].reason
+
+
+def test_missing_columns_become_null_and_new_columns_are_kept(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_text("id,extra\n1,e\n")
+    target = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    out = read_file(f, CsvFormat(), target)
+    assert out.table.to_pydict() == {"id": [1], "name": [None], "extra": ["e"]}
+
+
+def test_undecodable_csv_is_one_bad_row_for_the_file(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_bytes(b"name\n\xff\xfe\x00bad\n")
+    out = read_file(f, CsvFormat(), pa.schema([("name", pa.string())]))
+    assert out.table is None
+    assert len(out.bad) == 1 and out.bad[0].line is None
+    assert "cannot be decoded" in out.bad[0].reason
+
+
+def test_empty_csv_is_no_rows_and_no_error(tmp_path):
+    f = tmp_path / "a.csv"
+    f.write_text("")
+    out = read_file(f, CsvFormat(), None)
+    assert out.table is None and out.bad == []
+
+
+def test_ndjson_bad_lines_are_bad_rows(tmp_path):
+    f = tmp_path / "a.ndjson"
+    f.write_text('{"id": 1}\n{"id": \n[1]\n{"id": 4}\n')
+    out = read_file(f, JsonFormat(kind="ndjson"), None)
+    assert out.table.column("id").to_pylist() == [1, 4]
+    assert [b.line for b in out.bad] == [2, 3]
+
+
+def test_json_array_document_and_parquet(tmp_path):
+    j = tmp_path / "a.json"
+    j.write_text('[{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]')
+    assert read_file(j, JsonFormat(kind="json"), None).table.column("v").to_pylist() == ["a", "b"]
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.uint32())}), p)
+    table = read_file(p, ParquetFormat(kind="parquet"), None).table
+    assert table.schema.field("id").type == pa.int64()  # Delta has no unsigned types
+    broken = tmp_path / "b.parquet"
+    broken.write_bytes(b"PAR1 not really")
+    out = read_file(broken, ParquetFormat(kind="parquet"), None)
+    assert out.table is None and "cannot be decoded" in out.bad[0].reason
