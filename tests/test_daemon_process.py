@@ -1,0 +1,139 @@
+"""The daemon as operators run it: a real process, real signals, SIGKILL mid-stream and restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed.connectors import cdm_manifest
+from tests.conftest import entity_yaml, land, wait_for, write_config
+
+ROWS_PER_FILE = 40
+
+
+class Daemon:
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config, self.log = config, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self._log_file = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "lakefeed", "run", "--config", str(self.config)],
+                                     stdout=self._log_file, stderr=subprocess.STDOUT)
+        starts = self.events("daemon.ready")
+        wait_for(lambda: self.events("daemon.ready") > starts or self.proc.poll() is not None, 120, 0.2, "ready")
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+
+    def events(self, name: str) -> int:
+        if not self.log.exists():
+            return 0
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines() if f'"event": "{name}"' in line)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self._log_file.close()
+        return code
+
+
+def _table_rows(uri: Path) -> int:
+    try:
+        return DeltaTable(str(uri)).to_pyarrow_table().num_rows
+    except Exception:
+        return 0
+
+
+def _csv(file_no: int) -> str:
+    ids = range(file_no * ROWS_PER_FILE, (file_no + 1) * ROWS_PER_FILE)
+    return "id,file\n" + "".join(f"{i},{file_no}\n" for i in ids)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
+                                 "max_files_per_trigger": 3})
+    config = write_config(tmp_path, [entity], spark={"master": "local[2]", "trigger_interval_s": 0.2})
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    yield tmp_path, daemon
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.proc.kill()
+        daemon.proc.wait()
+
+
+def test_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(setup):
+    tmp_path, daemon = setup
+    landing, table = tmp_path / "landing" / "sales", tmp_path / "lake" / "sales" / "table"
+    daemon.start()
+    for n in range(15):
+        land(landing / f"f{n:03d}.csv", _csv(n))
+    wait_for(lambda: daemon.events("batch.committed") >= 2, 60, what="two committed batches")
+    daemon.signal(signal.SIGKILL)
+    assert daemon.wait() == -signal.SIGKILL
+    for n in range(15, 25):  # landed while the daemon is down
+        land(landing / f"f{n:03d}.csv", _csv(n))
+
+    daemon.start()
+    committed = daemon.events("batch.committed")
+    wait_for(lambda: daemon.events("batch.committed") > committed, 60, what="a batch after restart")
+    daemon.signal(signal.SIGKILL)  # and once more, wherever it is now
+    daemon.wait()
+    for n in range(25, 30):
+        land(landing / f"f{n:03d}.csv", _csv(n))
+
+    daemon.start()
+    total = 30 * ROWS_PER_FILE
+    wait_for(lambda: _table_rows(table) == total, 120, 0.3, f"{total} rows")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    assert daemon.events("daemon.stopped") == 1
+
+    rows = DeltaTable(str(table)).to_pyarrow_table()
+    assert sorted(rows["id"].to_pylist()) == list(range(total))  # every row once
+    changelog = DeltaTable(str(tmp_path / "lake" / "sales" / "changelog")).to_pyarrow_table()
+    assert sorted(changelog["offset"].to_pylist()) == list(range(total))  # dense, never reused
+    assert sorted(changelog["id"].to_pylist()) == list(range(total))
+    entity = cdm_manifest.find_entity(cdm_manifest.load(tmp_path / "landing" / "default.manifest.cdm.json"), "sales")
+    assert sorted(p["location"] for p in entity["dataPartitions"]) == [f"sales/f{n:03d}.csv" for n in range(30)]
+
+
+def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(setup):
+    tmp_path, daemon = setup
+    other = entity_yaml("other", source={"type": "local_dir", "path": "other"},
+                        manifest="other/default.manifest.cdm.json")
+    config = write_config(tmp_path, [entity_yaml(), other], spark={"master": "local[2]", "trigger_interval_s": 0.2})
+    (tmp_path / "other").mkdir()
+    broken = '{"manifestName": "default", "entities": [ oops'
+    (tmp_path / "other" / "default.manifest.cdm.json").write_text(broken)
+    daemon.config = config
+    daemon.start()
+    failures = [json.loads(line) for line in daemon.log.read_text().splitlines()
+                if '"event": "entity.failed"' in line]
+    assert len(failures) == 1 and failures[0]["entity"] == "other"
+    assert "is not valid JSON" in failures[0]["error"] and "left it untouched" in failures[0]["error"]
+    assert (tmp_path / "other" / "default.manifest.cdm.json").read_text() == broken
+
+    land(tmp_path / "landing" / "sales" / "a.csv", _csv(0))  # the healthy entity keeps working
+    wait_for(lambda: _table_rows(tmp_path / "lake" / "sales" / "table") == ROWS_PER_FILE, 60, what="rows")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    assert daemon.events("daemon.stopped") == 1
+
+
+def test_startup_with_an_invalid_config_exits_non_zero_with_the_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("entities:\n  - name: 1nvalid\n")
+    proc = subprocess.run([sys.executable, "-m", "lakefeed", "run", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ})
+    assert proc.returncode == 2
+    assert f"{bad}:2: entities.0.name: String should match pattern" in proc.stderr
