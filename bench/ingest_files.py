@@ -394,7 +394,7 @@ def run_floor(data_dir: Path, out: Path, groups: list[list[str]], with_changelog
         read_s += t1 - t
         if with_changelog:
             source = pa.chunked_array([pa.repeat(pa.scalar(str(data_dir / f)), t.num_rows)
-                                       for f, t in zip(files, tables)], pa.string())
+                                       for f, t in zip(files, tables, strict=True)], pa.string())
             write_deltalake(str(changelog_uri), changelog_of(data, offset, batch_id, source), mode="append")
             offset += data.num_rows
         t2 = time.perf_counter()

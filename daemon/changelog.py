@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import numpy as np
 import pyarrow as pa
 from lakefeed.read import BadRow
 
@@ -23,11 +24,11 @@ QUARANTINE_SCHEMA = pa.schema([
 def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_time: datetime,
                     event_time_column: str | None) -> pa.Table:
     n = data.num_rows
-    system = pa.array([system_time] * n, _TS)
+    system = pa.repeat(pa.scalar(system_time, _TS), n)
     event = data.column(event_time_column).cast(_TS) if event_time_column else system
     front = pa.table({
-        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
-        "op": pa.array([OP_APPEND] * n, pa.int8()),
+        "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        "op": pa.repeat(pa.scalar(OP_APPEND, pa.int8()), n),
         "system_time": system,
         "event_time": event,
     })
@@ -36,7 +37,7 @@ def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_tim
     for name in data_columns:
         out = out.append_column(data.field(name), data.column(name))
     out = out.append_column("source_file", data.column("source_file"))
-    return out.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+    return out.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.int64()), n))
 
 
 def quarantine_table(entity: str, bad: list[tuple[str, BadRow]], batch_id: int, system_time: datetime) -> pa.Table:

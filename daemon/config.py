@@ -72,6 +72,7 @@ class CsvFormat(_Frozen):
     quote: str = Field(default='"', min_length=1, max_length=1)
     encoding: str = "utf-8"
     null_value: str = ""
+    multiline: bool = Field(default=False, description="Quoted values may span lines (parsing is slower).")
 
     @field_validator("encoding")
     @classmethod

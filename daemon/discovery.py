@@ -100,7 +100,7 @@ def _trait_args(declaration: dict[str, Any], trait: str) -> dict[str, Any] | Non
             args = {} if isinstance(ref, str) else ref.get("arguments") or []
             if isinstance(args, dict):
                 return args
-            return {a.get("name"): a.get("value") for a in args if isinstance(a, dict)}
+            return {str(a.get("name")): a.get("value") for a in args if isinstance(a, dict)}
     return None
 
 

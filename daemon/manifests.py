@@ -22,6 +22,7 @@ from lakefeed.connectors import cdm_manifest
 from lakefeed.connectors.base import TableSink
 from lakefeed.discovery import INCREMENTAL_TRAIT, Partition, normalize_location
 from lakefeed.errors import ManifestError
+from lakefeed.schema import entity_document, is_generated
 
 METADATA_KEY = "lakefeed.partitions"
 _locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
@@ -184,7 +185,20 @@ class ManifestKeeper:
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
             self._save_state(latest, owned)
+            self._describe_schema(entity)
             return written
+
+    def _describe_schema(self, entity: dict[str, Any]) -> None:
+        """Write the entity schema document the manifest points at, unless somebody else owns it."""
+        document = schema_document(self.cfg.manifest.parent, entity)
+        table_schema = self._table.schema()
+        if document is None or table_schema is None or (document.exists() and not is_generated(document)):
+            return
+        wanted = entity_document(self.cfg.name, table_schema)
+        if document.exists() and cdm_manifest.load(document) == wanted:
+            return
+        cdm_manifest.save(document, wanted)
+        _log.info("schema_document.written", entity=self.cfg.name, document=str(document))
 
     def _schema_mtime(self, entity: dict[str, Any]) -> str | None:
         doc = schema_document(self.cfg.manifest.parent, entity)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +58,7 @@ class EntityPipeline:
         self.keeper = ManifestKeeper(cfg, sinks.table)
         self._query_id: str | None = None
         self._next_offset: int | None = None
+        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
 
     def prepare(self) -> None:
         """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
@@ -77,7 +79,7 @@ class EntityPipeline:
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
         log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
-        if self._done(self.sinks.table, batch_id):
+        if all(self._done(sink, batch_id) for sink in (self.sinks.table, self.sinks.changelog)):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
             self.keeper.refresh()
@@ -150,6 +152,7 @@ class EntityPipeline:
 
     def _commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
                 checked_at: datetime, log_) -> None:
+        """Quarantine, then changelog and table in parallel; each is skipped if it already has the batch."""
         app_id, batch_id = self.app_id(), result.batch_id
         meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id)}
         if bad and not self._done(self.sinks.quarantine, batch_id):
@@ -158,25 +161,36 @@ class EntityPipeline:
             for path, row in bad:
                 log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
         result.quarantined = len(bad)
-        rows = data.num_rows if data is not None else 0
+        result.rows = data.num_rows if data is not None else 0
+        writes = []
         if data is not None and not self._done(self.sinks.changelog, batch_id):
             first = self._offset_start()
             changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)
-            self.sinks.changelog.append(changelog, app_id, batch_id, meta)
-            self._next_offset = first + rows
-        if data is None:
-            schema = self.sinks.table.schema()
-            if schema is None:
+            writes.append(lambda: self.sinks.changelog.append(changelog, app_id, batch_id, meta))
+            self._next_offset = first + result.rows
+        if not self._done(self.sinks.table, batch_id):
+            rows = data.drop_columns(["source_file"]) if data is not None else self._empty_table()
+            partitions = {"checked": clock.to_cdm(checked_at), "partitions": result.partitions}
+            if rows is not None:
+                metadata = {**meta, METADATA_KEY: json.dumps(partitions)}
+                writes.append(lambda: self.sinks.table.append(rows, app_id, batch_id, metadata))
+            elif result.partitions:
                 log_.warning("batch.nothing_to_commit", partitions=len(result.partitions),
                              reason="no rows and no table yet; the partitions are not recorded")
-                return
-            data = schema.empty_table()
-        partitions = {"checked": clock.to_cdm(checked_at), "partitions": result.partitions}
-        self.sinks.table.append(data.drop_columns([c for c in ("source_file",) if c in data.column_names]),
-                                app_id, batch_id, {**meta, METADATA_KEY: json.dumps(partitions)})
-        result.rows = rows
-        log_.info("batch.committed", files=result.files, rows=rows, quarantined=len(bad),
+        # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
+        futures = [self._writers.submit(write) for write in writes]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            self._next_offset = None  # unknown whether the changelog committed: re-read it next time
+            raise
+        log_.info("batch.committed", files=result.files, rows=result.rows, quarantined=len(bad),
                   unmatched=result.unmatched)
+
+    def _empty_table(self) -> pa.Table | None:
+        schema = self.sinks.table.schema()
+        return schema.empty_table() if schema is not None else None
 
     def _offset_start(self) -> int:
         if self._next_offset is None:
@@ -190,8 +204,8 @@ def _with_arguments(table: pa.Table, partition: Partition, path: str) -> pa.Tabl
         if name in table.column_names:
             continue  # the data's own column wins; the argument stays in the manifest
         value = values[0] if len(values) == 1 else json.dumps(values)
-        table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
-    return table.append_column("source_file", pa.array([path] * table.num_rows, pa.string()))
+        table = table.append_column(name, pa.repeat(pa.scalar(value, pa.string()), table.num_rows))
+    return table.append_column("source_file", pa.repeat(pa.scalar(path, pa.string()), table.num_rows))
 
 
 def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Schema | None:

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
@@ -66,7 +66,7 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
                               f"{row.actual_columns}", row.text))
         return "skip"
 
-    parse = pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=fmt.quote, newlines_in_values=True,
+    parse = pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=fmt.quote, newlines_in_values=fmt.multiline,
                                invalid_row_handler=on_invalid)
     read = pacsv.ReadOptions(encoding=fmt.encoding, autogenerate_column_names=not fmt.header,
                              use_threads=True, block_size=8 << 20)
@@ -128,25 +128,26 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
 
 def _conform(table: pa.Table, target: pa.Schema | None, first_line: int | None) -> FileRead:
     """Cast to the target schema (missing columns become null; new ones are kept for schema merge)."""
-    table = table.cast(delta_compatible(table.schema)) if table.schema != delta_compatible(table.schema) else table
+    compatible = delta_compatible(table.schema)
+    if table.schema != compatible:
+        table = table.cast(compatible)
     if target is None:
         return FileRead(table)
-    bad_mask = pa.array([False] * table.num_rows) if table.num_rows else pa.array([], pa.bool_())
-    reasons: dict[int, str] = {}
+    failures: dict[int, str] = {}
     columns, names = [], []
     for f in target:
         if f.name not in table.column_names:
             columns.append(pa.nulls(table.num_rows, f.type))
         else:
             column = table.column(f.name)
-            try:
-                column = column.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                column, failed = _cast_per_value(column, f.type)
-                for i in failed:
-                    reasons.setdefault(i, f"column {f.name!r}: {column_value(table, f.name, i)!r} "
-                                          f"is not a valid {f.type}")
-                bad_mask = pc.or_(bad_mask, pa.array([i in failed for i in range(table.num_rows)]))
+            if column.type != f.type:
+                try:
+                    column = column.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    column, failed = _cast_per_value(column, f.type)
+                    for i in failed:
+                        failures.setdefault(i, f"column {f.name!r}: {table.column(f.name)[i].as_py()!r} "
+                                               f"is not a valid {f.type}")
             columns.append(column)
         names.append(f.name)
     for name in table.column_names:
@@ -154,17 +155,15 @@ def _conform(table: pa.Table, target: pa.Schema | None, first_line: int | None) 
             columns.append(table.column(name))
             names.append(name)
     out = pa.Table.from_arrays(columns, names=names)
-    if not reasons:
+    if not failures:
         return FileRead(out)
     bad = []
-    for i in sorted(reasons):
-        raw = json.dumps({k: str(v) if v is not None else None for k, v in table.slice(i, 1).to_pylist()[0].items()})
-        bad.append(BadRow(first_line + i if first_line is not None else None, reasons[i], raw))
-    return FileRead(out.filter(pc.invert(bad_mask)), bad)
-
-
-def column_value(table: pa.Table, name: str, index: int) -> object:
-    return table.column(name)[index].as_py()
+    for i, reason in sorted(failures.items()):
+        raw = json.dumps({k: None if v is None else str(v) for k, v in table.slice(i, 1).to_pylist()[0].items()})
+        bad.append(BadRow(first_line + i if first_line is not None else None, reason, raw))
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[list(failures)] = False
+    return FileRead(out.filter(pa.array(keep)), bad)
 
 
 def _cast_per_value(column: pa.ChunkedArray, to: pa.DataType) -> tuple[pa.Array, set[int]]:

@@ -22,6 +22,7 @@ from lakefeed.connectors.inbox_stream import FORMAT
 from lakefeed.connectors.local_dir import LocalDirSource
 from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
+from lakefeed.notify import notify
 from lakefeed.pipeline import EntityPipeline, Sinks
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -120,11 +121,15 @@ class Supervisor:
                     runner.stop_intake()
                     _log.error("entity.failed", entity=entity.name, error=str(exc))
                 self.runners.append(runner)
-            _log.info("daemon.ready", entities=[r.cfg.name for r in self.runners if r.error is None])
+            running = [r.cfg.name for r in self.runners if r.error is None]
+            _log.info("daemon.ready", entities=running)
+            failed = len(self.runners) - len(running)
+            notify(READY="1", STATUS=f"{len(running)} entities running" + (f", {failed} failed" if failed else ""))
             while not self._stop.wait(0.5):
                 for runner in self.runners:
                     runner.check()
             _log.info("daemon.stopping")
+            notify(STOPPING="1", STATUS="stopping: finishing running batches")
             for runner in self.runners:
                 runner.stop_intake()
             deadline = time.monotonic() + self.cfg.shutdown_timeout_s

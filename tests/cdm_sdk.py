@@ -33,3 +33,18 @@ def partitions(root: Path, manifest: str = "default.manifest.cdm.json", status_c
             found[(p.location, True)] = {k: list(v) for k, v in p.arguments.items()}
         out[entity.entity_name] = found
     return out, doc
+
+
+def entity_attributes(root: Path, entity_path: str) -> list[tuple[str, str]]:
+    """(name, dataFormat) of the attributes of an entity definition, resolved by the SDK."""
+
+    async def fetch():
+        corpus = CdmCorpusDefinition()
+        corpus.storage.mount("local", LocalAdapter(str(root)))
+        corpus.storage.mount("cdm", CdmStandardsAdapter())
+        corpus.storage.default_namespace = "local"
+        entity = await corpus.fetch_object_async(f"local:/{entity_path}")
+        assert entity is not None, f"the CDM SDK could not load {entity_path}"
+        return [(a.name, str(a.data_format)) for a in entity.attributes]
+
+    return asyncio.run(fetch())

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from lakefeed import cli, config
 from lakefeed.errors import ConfigError
+
 from tests.conftest import entity_yaml, write_config
 
 REPO = Path(__file__).resolve().parents[1]

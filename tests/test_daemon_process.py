@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-
 from lakefeed.connectors import cdm_manifest
+
 from tests.conftest import entity_yaml, land, wait_for, write_config
 
 ROWS_PER_FILE = 40
@@ -23,10 +24,10 @@ class Daemon:
         self.config, self.log = config, log
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         self._log_file = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "lakefeed", "run", "--config", str(self.config)],
-                                     stdout=self._log_file, stderr=subprocess.STDOUT)
+                                     stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         starts = self.events("daemon.ready")
         wait_for(lambda: self.events("daemon.ready") > starts or self.proc.poll() is not None, 120, 0.2, "ready")
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -116,7 +117,12 @@ def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity
     broken = '{"manifestName": "default", "entities": [ oops'
     (tmp_path / "other" / "default.manifest.cdm.json").write_text(broken)
     daemon.config = config
-    daemon.start()
+    notify_socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_socket.bind(str(tmp_path / "notify.sock"))
+    notify_socket.settimeout(60)
+    daemon.start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    ready = notify_socket.recv(4096).decode()
+    assert "READY=1" in ready.splitlines() and "STATUS=1 entities running, 1 failed" in ready.splitlines()
     failures = [json.loads(line) for line in daemon.log.read_text().splitlines()
                 if '"event": "entity.failed"' in line]
     assert len(failures) == 1 and failures[0]["entity"] == "other"
@@ -126,8 +132,10 @@ def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity
     land(tmp_path / "landing" / "sales" / "a.csv", _csv(0))  # the healthy entity keeps working
     wait_for(lambda: _table_rows(tmp_path / "lake" / "sales" / "table") == ROWS_PER_FILE, 60, what="rows")
     daemon.signal(signal.SIGTERM)
+    assert "STOPPING=1" in notify_socket.recv(4096).decode().splitlines()
     assert daemon.wait(90) == 0
     assert daemon.events("daemon.stopped") == 1
+    notify_socket.close()
 
 
 def test_startup_with_an_invalid_config_exits_non_zero_with_the_problem(tmp_path):

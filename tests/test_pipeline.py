@@ -7,13 +7,13 @@ import json
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
 from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.errors import ManifestError
 from lakefeed.inbox import FileEvent, Inbox
 from lakefeed.pipeline import EntityPipeline, Sinks
+
 from tests.conftest import entity_yaml, land, write_config
 
 
@@ -88,6 +88,20 @@ def test_crash_after_changelog_commit_is_completed_on_replay(setup, monkeypatch)
     assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]  # not appended twice
 
 
+def test_crash_after_table_commit_is_completed_on_replay(setup, monkeypatch):
+    cfg, pipeline, inbox = setup
+    records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
+    monkeypatch.setattr(pipeline.sinks.changelog, "append", lambda *a: (_ for _ in ()).throw(RuntimeError("kill")))
+    with pytest.raises(RuntimeError):
+        pipeline.process(records, 0)
+    assert rows(cfg.table).num_rows == 2
+    fresh = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine)))
+    assert not fresh.process(records, 0).skipped
+    assert rows(cfg.table).num_rows == 2  # not appended twice
+    assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]
+    assert fresh.process(records, 0).skipped
+
+
 def test_crash_before_manifest_write_is_repaired_by_next_batch(setup, monkeypatch):
     cfg, pipeline, inbox = setup
     save = cdm_manifest.save
@@ -148,7 +162,8 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
                                          DeltaRsSink(cfg.quarantine)))
     pipeline.prepare()
     inbox = Inbox(cfg.state / "inbox")
-    files = [land(landing / "sales/listed.csv", "id,amount\n1,2\n"), land(landing / "sales/new.csv", "id,amount\n2,x\n")]
+    files = [land(landing / "sales/listed.csv", "id,amount\n1,2\n"),
+             land(landing / "sales/new.csv", "id,amount\n2,x\n")]
     result = pipeline.process(_batch(inbox, *files), 0)
     assert result.quarantined == 1  # "x" is not a Double per the entity schema document
     assert rows(cfg.table).schema.field("amount").type == pa.float64()

@@ -6,10 +6,10 @@ import time
 
 import pytest
 from deltalake import DeltaTable
-
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
 from lakefeed.supervisor import EntityRunner
+
 from tests import cdm_sdk
 from tests.conftest import land, wait_for, write_config
 
@@ -55,6 +55,11 @@ def test_files_landing_become_delta_rows_and_manifest_partitions(runner, tmp_pat
     sdk, doc = cdm_sdk.partitions(landing)
     assert {loc: args for (loc, _), args in sdk["sales"].items()} == entity
     assert doc.last_file_status_check_time is not None and doc.last_child_file_modified_time is not None
+    # ... and the entity schema document lakefeed wrote for the entity it declared resolves there too.
+    attributes = wait_for(lambda: (landing / "sales.cdm.json").exists()) and \
+        cdm_sdk.entity_attributes(landing, "sales.cdm.json/sales")
+    assert [(n, f.split(".")[-1].upper()) for n, f in attributes] == [
+        ("id", "INT64"), ("amount", "DOUBLE"), ("year", "STRING"), ("month", "STRING")]
 
 
 def _partitions(cfg):

@@ -1,0 +1,82 @@
+"""The landing-folder source with real inotify events and real files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from lakefeed.connectors.local_dir import LocalDirSource, being_written
+from lakefeed.inbox import Inbox, InboxReader
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def source(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    inbox = Inbox(tmp_path / "inbox")
+    src = LocalDirSource("e", landing, inbox, reconcile_interval_s=3600, excluded=(landing / "lake",))
+    yield src, landing, tmp_path / "inbox"
+    src.stop()
+    inbox.close()
+
+
+def _records(folder):
+    reader = InboxReader(folder)
+    return reader.records(0, reader.refresh())
+
+
+def test_listing_at_start_takes_finished_files_and_leaves_open_ones_to_their_close(source):
+    src, landing, inbox = source
+    (landing / "done.csv").write_text("a\n1\n")
+    writer = open(landing / "open.csv", "w")
+    writer.write("a\n")
+    writer.flush()
+    src.start()
+    assert [os.path.basename(r.path) for r in _records(inbox)] == ["done.csv"]
+    writer.write("2\n")
+    writer.close()
+    wait_for(lambda: len(_records(inbox)) == 2, 10, what="the closed file")
+    rec = _records(inbox)[1]
+    assert os.path.basename(rec.path) == "open.csv" and rec.size == 4  # its final size, once
+
+
+def test_moved_in_from_outside_the_tree_is_taken_at_once(source, tmp_path):
+    src, landing, inbox = source
+    src.start()
+    outside = tmp_path / "staging.csv"
+    outside.write_text("a\n1\n")
+    os.rename(outside, landing / "moved.csv")  # only IN_MOVED_TO: seen as a creation
+    (landing / "sub").mkdir()
+    os.rename(landing / "moved.csv", landing / "sub" / "renamed.csv")  # a rename inside the tree
+    wait_for(lambda: len(_records(inbox)) == 2, 10, what="both renames")
+    assert [os.path.relpath(r.path, landing) for r in _records(inbox)] == ["moved.csv", "sub/renamed.csv"]
+
+
+def test_a_copied_tree_is_taken_whole_and_ignored_names_are_not(source, tmp_path):
+    src, landing, inbox = source
+    src.start()
+    tree = tmp_path / "tree"
+    (tree / "2024" / "01").mkdir(parents=True)
+    for i in range(20):
+        (tree / "2024" / "01" / f"f{i}.csv").write_text(f"a\n{i}\n")
+    (tree / "2024" / ".hidden.csv").write_text("x")
+    (tree / "2024" / "part.tmp").write_text("x")
+    (tree / "x.manifest.cdm.json").write_text("{}")
+    shutil.copytree(tree, landing / "tree")
+    (landing / "lake").mkdir()
+    (landing / "lake" / "out.parquet").write_text("x")  # lakefeed's own output is excluded
+    wait_for(lambda: len(_records(inbox)) == 20, 10, what="20 copied files")
+    assert sorted(os.path.basename(r.path) for r in _records(inbox)) == sorted(f"f{i}.csv" for i in range(20))
+    assert src.reconcile() == 0  # nothing missed, nothing twice
+
+
+def test_being_written_sees_writers(tmp_path):
+    path = tmp_path / "f"
+    with open(path, "w") as f:
+        f.write("x")
+        f.flush()
+        assert being_written(str(path)) is True
+    assert being_written(str(path)) is False
