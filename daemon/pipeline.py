@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -179,6 +179,7 @@ class EntityPipeline:
                              reason="no rows and no table yet; the partitions are not recorded")
         # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
         futures = [self._writers.submit(write) for write in writes]
+        wait(futures)  # never leave a write running behind a failed batch
         try:
             for future in futures:
                 future.result()
