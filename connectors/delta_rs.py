@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
+
 from lakefeed.connectors.base import TableSink
 
 

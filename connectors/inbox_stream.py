@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from lakefeed.inbox import SPARK_SCHEMA, InboxReader
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
+
+from lakefeed.inbox import SPARK_SCHEMA, InboxReader
 
 FORMAT = "lakefeed_inbox"
 

@@ -19,9 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-from lakefeed import log
-from lakefeed.connectors.base import Source
-from lakefeed.inbox import FileEvent, Inbox
 from watchdog.events import (
     FileClosedEvent,
     FileCreatedEvent,
@@ -30,6 +27,10 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers import Observer
+
+from lakefeed import log
+from lakefeed.connectors.base import Source
+from lakefeed.inbox import FileEvent, Inbox
 
 _IGNORED_SUFFIXES = (".tmp", ".temp", ".partial", "._COPYING_", ".crc", ".cdm.json")
 _log = log.get(__name__)

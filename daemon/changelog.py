@@ -11,6 +11,7 @@ from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
+
 from lakefeed.read import BadRow
 
 OP_APPEND = 0

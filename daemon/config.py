@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from lakefeed.errors import ConfigError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -23,6 +22,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from lakefeed.errors import ConfigError
 
 IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from lakefeed import clock, log
 from lakefeed.changelog import build_changelog, quarantine_table
 from lakefeed.config import EntityConfig

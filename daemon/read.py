@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
+
 from lakefeed.config import CsvFormat, FileFormat
 from lakefeed.schema import delta_compatible
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from lakefeed.errors import ManifestError
 
 # CDM data formats (foundations.cdm.json) and the common data type names, to Arrow.

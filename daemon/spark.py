@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import sys
 
+from pyspark.sql import SparkSession
+
 from lakefeed.config import SparkConfig
 from lakefeed.connectors.inbox_stream import InboxDataSource
 from lakefeed.errors import TerminalError
-from pyspark.sql import SparkSession
 
 # Loopback only and no UI by default: a daemon should not open ports nobody asked for.
 # -Xss16m: without it query.stop() intermittently dies with a StackOverflowError.

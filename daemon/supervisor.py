@@ -15,6 +15,9 @@ import time
 from contextlib import ExitStack
 from types import FrameType
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
 from lakefeed import log, spark
 from lakefeed.config import EntityConfig, LakefeedConfig
 from lakefeed.connectors.delta_rs import DeltaRsSink
@@ -24,8 +27,6 @@ from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
 from lakefeed.notify import notify
 from lakefeed.pipeline import EntityPipeline, Sinks
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
 _log = log.get(__name__)
 

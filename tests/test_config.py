@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from lakefeed import cli, config
 from lakefeed.errors import ConfigError
-
 from tests.conftest import entity_yaml, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,3 +90,20 @@ def test_config_schema_command_prints_json_schema(capsys):
     schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == "LakefeedConfig"
     assert "entities" in schema["properties"]
+
+
+def test_shipped_example_configs_are_valid_and_their_manifests_drive_discovery():
+    from lakefeed.connectors import cdm_manifest
+    from lakefeed.discovery import Discovery
+    from lakefeed.manifests import schema_document
+    from lakefeed.schema import from_entity_document
+
+    cfg = config.load(REPO / "config" / "examples" / "dataverse.yaml")
+    account = cfg.entity("account")
+    entity = cdm_manifest.find_entity(cdm_manifest.load(account.manifest), "account")
+    d = Discovery.from_entity(entity)
+    assert d.match("account/2024-03-01/Upserts/7.csv").incremental_type == "Upsert"
+    assert d.match("account/2024-03-01/Deletes/1.csv").incremental_type == "Delete"
+    assert d.match("account/full/2023.csv").arguments == {"year": ["2023"]}
+    schema = from_entity_document(schema_document(account.manifest.parent, entity), "account")
+    assert schema.names == ["Id", "name", "revenue", "versionnumber", "SinkModifiedOn", "IsDelete"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from lakefeed.connectors import cdm_manifest
 
+from lakefeed.connectors import cdm_manifest
 from tests.conftest import entity_yaml, land, wait_for, write_config
 
 ROWS_PER_FILE = 40

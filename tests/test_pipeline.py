@@ -7,13 +7,13 @@ import json
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
 from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.errors import ManifestError
 from lakefeed.inbox import FileEvent, Inbox
 from lakefeed.pipeline import EntityPipeline, Sinks
-
 from tests.conftest import entity_yaml, land, write_config
 
 

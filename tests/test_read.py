@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from lakefeed.config import CsvFormat, JsonFormat, ParquetFormat
 from lakefeed.read import read_file
 

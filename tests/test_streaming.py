@@ -6,10 +6,10 @@ import time
 
 import pytest
 from deltalake import DeltaTable
+
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
 from lakefeed.supervisor import EntityRunner
-
 from tests import cdm_sdk
 from tests.conftest import land, wait_for, write_config
 

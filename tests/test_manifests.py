@@ -1,0 +1,63 @@
+"""File status times and partition entries, as the CDM manifest object defines them."""
+
+from __future__ import annotations
+
+from lakefeed.discovery import Partition
+from lakefeed.manifests import apply, partition_record
+
+
+def _rec(location, mtime, kind=None, pattern="p", explicit=False, args=None):
+    return partition_record(Partition(location, args or {}, kind, pattern, explicit), mtime)
+
+
+def test_times_propagate_from_partitions_to_entity_to_manifest():
+    doc = {"lastChildFileModifiedTime": "2019-01-01T00:00:00.000Z", "entities": []}
+    entity = {"entityName": "e", "dataPartitionPatterns": [{"name": "p"}],
+              "incrementalPartitionPatterns": [{"name": "u"}]}
+    doc["entities"].append(entity)
+    checked = "2024-05-01T10:00:00.000Z"
+    apply(doc, entity, checked, [_rec("d/a.csv", "2024-04-01T00:00:00.000Z", args={"y": ["2024"]}),
+                                 _rec("d/b.csv", "2024-04-03T00:00:00.000Z")], "2024-03-01T00:00:00.000Z")
+    a, b = entity["dataPartitions"]
+    assert a == {"location": "d/a.csv", "arguments": [{"name": "y", "value": "2024"}],
+                 "lastFileStatusCheckTime": checked, "lastFileModifiedTime": "2024-04-01T00:00:00.000Z"}
+    assert entity["dataPartitionPatterns"][0]["lastFileStatusCheckTime"] == checked
+    assert entity["incrementalPartitionPatterns"][0]["lastFileStatusCheckTime"] == checked
+    assert entity["lastFileStatusCheckTime"] == checked
+    assert entity["lastFileModifiedTime"] == "2024-03-01T00:00:00.000Z"  # the schema document's time
+    assert entity["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
+    assert doc["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
+    assert doc["lastFileStatusCheckTime"] == checked == doc["lastFileModifiedTime"]
+
+    # a later check with an older file keeps the latest child time
+    apply(doc, entity, "2024-05-02T00:00:00.000Z", [_rec("d/c.csv", "2024-01-01T00:00:00.000Z")], None)
+    assert entity["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
+    assert entity["lastFileModifiedTime"] == "2024-03-01T00:00:00.000Z"
+
+
+def test_incremental_partitions_carry_the_trait_and_pattern_name():
+    doc, entity = {"entities": []}, {"entityName": "e"}
+    apply(doc, entity, "2024-05-01T00:00:00.000Z",
+          [_rec("/inc/2024/Upserts/1.csv", "2024-04-01T00:00:00.000Z", "Upsert", "UpsertPattern")], None)
+    (p,) = entity["incrementalPartitions"]
+    assert p["exhibitsTraits"] == [{"traitReference": "is.partition.incremental", "arguments": [
+        {"name": "type", "value": "Upsert"}, {"name": "incrementPartitionPatternName", "value": "UpsertPattern"}]}]
+    assert "dataPartitions" not in entity
+
+
+def test_rewritten_file_updates_its_entry_and_explicit_entries_keep_their_arguments():
+    doc = {"entities": []}
+    entity = {"entityName": "e", "dataPartitions": [
+        {"location": "d/listed.csv", "arguments": [{"name": "k", "value": "mine"}], "specializedSchema": "x",
+         "lastFileModifiedTime": "2024-06-01T00:00:00.000Z"}]}
+    apply(doc, entity, "2024-05-01T00:00:00.000Z", [_rec("d/a.csv", "2024-04-01T00:00:00.000Z", args={"v": ["1"]})],
+          None)
+    apply(doc, entity, "2024-05-02T00:00:00.000Z", [
+        _rec("d/a.csv", "2024-04-02T00:00:00.000Z", args={"v": ["2"]}),
+        _rec("/d/listed.csv", "2024-04-05T00:00:00.000Z", explicit=True, args={"k": ["mine"]})], None)
+    listed, a = entity["dataPartitions"]
+    assert len(entity["dataPartitions"]) == 2
+    assert a["arguments"] == [{"name": "v", "value": "2"}] and a["lastFileModifiedTime"] == "2024-04-02T00:00:00.000Z"
+    assert listed["arguments"] == [{"name": "k", "value": "mine"}] and listed["specializedSchema"] == "x"
+    assert listed["lastFileModifiedTime"] == "2024-06-01T00:00:00.000Z"  # never moves backwards
+    assert listed["lastFileStatusCheckTime"] == "2024-05-02T00:00:00.000Z"
