@@ -109,17 +109,21 @@ class LocalDirSource(Source):
         """A file appeared without telling whether it is complete: take it once nobody writes it."""
         if self._stop.is_set() or not self._wanted(path):
             return
+        if (event := self._finished(path)) is not None:
+            self.offer_path(event.path)
+
+    def _finished(self, path: str) -> FileEvent | None:
+        """The file if nobody writes it; else None, after queueing it to settle when we cannot tell."""
         try:
             writing = being_written(path)
-            st = os.stat(path)
+            event = FileEvent.of(path)
         except FileNotFoundError:
-            return
-        if writing is False:
-            self.offer_path(path)
-        elif writing is None:
+            return None
+        if writing is None:
             with self._lock:
-                self._pending.setdefault(path, (time.monotonic(), st.st_size, st.st_mtime_ns))
-        # else: its writer's close event will offer it
+                self._pending.setdefault(path, (time.monotonic(), event.size, event.mtime_ns))
+        # writing is True: its writer's close event will offer it
+        return event if writing is False else None
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -137,16 +141,7 @@ class LocalDirSource(Source):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
             for name in files:
                 path = os.path.join(folder, name)
-                if not self._wanted(path):
-                    continue
-                try:
-                    writing = being_written(path)
-                    event = FileEvent.of(path)
-                except FileNotFoundError:
-                    continue
-                if writing is None:
-                    self.offer_when_finished(path)
-                elif not writing:
+                if self._wanted(path) and (event := self._finished(path)) is not None:
                     finished.append(event)
         finished.sort(key=lambda e: (e.mtime_ns, e.path))
         return len(self._inbox.offer(finished))

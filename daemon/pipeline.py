@@ -24,6 +24,7 @@ from lakefeed.changelog import build_changelog, quarantine_table
 from lakefeed.config import EntityConfig
 from lakefeed.connectors import cdm_manifest
 from lakefeed.connectors.base import TableSink
+from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.discovery import Discovery, Partition
 from lakefeed.inbox import InboxRecord
 from lakefeed.manifests import METADATA_KEY, ManifestKeeper, ensure_entity, partition_record, schema_document
@@ -38,6 +39,10 @@ class Sinks:
     table: TableSink
     changelog: TableSink
     quarantine: TableSink
+
+    @classmethod
+    def delta_rs(cls, cfg: EntityConfig) -> Sinks:
+        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine))
 
 
 @dataclass

@@ -20,7 +20,6 @@ from pyspark.sql.streaming import StreamingQuery
 
 from lakefeed import log, spark
 from lakefeed.config import EntityConfig, LakefeedConfig
-from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.connectors.inbox_stream import FORMAT
 from lakefeed.connectors.local_dir import LocalDirSource
 from lakefeed.errors import LakefeedError
@@ -37,8 +36,7 @@ class EntityRunner:
         self.cfg = cfg
         self._spark = session
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
-        self.pipeline = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog),
-                                                  DeltaRsSink(cfg.quarantine)))
+        self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
         self.inbox = Inbox(cfg.state / "inbox")
         self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
                                      excluded=excluded)

@@ -9,12 +9,16 @@ from cdm.objectmodel import CdmCorpusDefinition
 from cdm.storage import CdmStandardsAdapter, LocalAdapter
 
 
-async def _load(root: Path, manifest: str, status_check: bool):
+def _corpus(root: Path) -> CdmCorpusDefinition:
     corpus = CdmCorpusDefinition()
     corpus.storage.mount("local", LocalAdapter(str(root)))
     corpus.storage.mount("cdm", CdmStandardsAdapter())
     corpus.storage.default_namespace = "local"
-    doc = await corpus.fetch_object_async(f"local:/{manifest}")
+    return corpus
+
+
+async def _load(root: Path, manifest: str, status_check: bool):
+    doc = await _corpus(root).fetch_object_async(f"local:/{manifest}")
     assert doc is not None, f"the CDM SDK could not load {manifest}"
     if status_check:
         await doc.file_status_check_async()
@@ -39,11 +43,7 @@ def entity_attributes(root: Path, entity_path: str) -> list[tuple[str, str]]:
     """(name, dataFormat) of the attributes of an entity definition, resolved by the SDK."""
 
     async def fetch():
-        corpus = CdmCorpusDefinition()
-        corpus.storage.mount("local", LocalAdapter(str(root)))
-        corpus.storage.mount("cdm", CdmStandardsAdapter())
-        corpus.storage.default_namespace = "local"
-        entity = await corpus.fetch_object_async(f"local:/{entity_path}")
+        entity = await _corpus(root).fetch_object_async(f"local:/{entity_path}")
         assert entity is not None, f"the CDM SDK could not load {entity_path}"
         return [(a.name, str(a.data_format)) for a in entity.attributes]
 

@@ -10,23 +10,28 @@ from deltalake import DeltaTable
 
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
-from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.errors import ManifestError
 from lakefeed.inbox import FileEvent, Inbox
 from lakefeed.pipeline import EntityPipeline, Sinks
 from tests.conftest import entity_yaml, land, write_config
 
 
-@pytest.fixture
-def setup(tmp_path):
-    cfg = config.load(write_config(tmp_path)).entities[0]
+def _pipeline(cfg) -> EntityPipeline:
+    """A pipeline as the daemon builds one (a new one is what a restart sees)."""
+    return EntityPipeline(cfg, Sinks.delta_rs(cfg))
+
+
+def _prepared(cfg):
     cfg.checkpoint.mkdir(parents=True)
     (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
-    pipeline = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog),
-                                         DeltaRsSink(cfg.quarantine)))
+    pipeline = _pipeline(cfg)
     pipeline.prepare()
-    inbox = Inbox(cfg.state / "inbox")
-    return cfg, pipeline, inbox
+    return cfg, pipeline, Inbox(cfg.state / "inbox")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    return _prepared(config.load(write_config(tmp_path)).entities[0])
 
 
 def _batch(inbox, *paths):
@@ -64,7 +69,7 @@ def test_replayed_batch_changes_nothing(setup):
     records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
     pipeline.process(records, 0)
     versions = [DeltaTable(str(p)).version() for p in (cfg.table, cfg.changelog)]
-    fresh = EntityPipeline(cfg, pipeline.sinks)  # as after a restart
+    fresh = _pipeline(cfg)  # as after a restart
     assert fresh.process(records, 0).skipped
     assert [DeltaTable(str(p)).version() for p in (cfg.table, cfg.changelog)] == versions
     assert rows(cfg.table).num_rows == 2
@@ -82,7 +87,7 @@ def test_crash_after_changelog_commit_is_completed_on_replay(setup, monkeypatch)
     with pytest.raises(RuntimeError):
         pipeline.process(records, 0)
     monkeypatch.setattr(pipeline.sinks.table, "append", original)
-    fresh = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine)))
+    fresh = _pipeline(cfg)
     fresh.process(records, 0)
     assert rows(cfg.table).num_rows == 2
     assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]  # not appended twice
@@ -95,7 +100,7 @@ def test_crash_after_table_commit_is_completed_on_replay(setup, monkeypatch):
     with pytest.raises(RuntimeError):
         pipeline.process(records, 0)
     assert rows(cfg.table).num_rows == 2
-    fresh = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine)))
+    fresh = _pipeline(cfg)
     assert not fresh.process(records, 0).skipped
     assert rows(cfg.table).num_rows == 2  # not appended twice
     assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]
@@ -155,13 +160,7 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
     (landing / "sales.cdm.json").write_text(json.dumps({"jsonSchemaSemanticVersion": "1.0.0", "definitions": [
         {"entityName": "sales", "hasAttributes": [{"name": "id", "dataFormat": "Int64"},
                                                   {"name": "amount", "dataFormat": "Double"}]}]}))
-    cfg = config.load(write_config(tmp_path, [entity_yaml(patterns=[])])).entities[0]
-    cfg.checkpoint.mkdir(parents=True)
-    (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q"}))
-    pipeline = EntityPipeline(cfg, Sinks(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog),
-                                         DeltaRsSink(cfg.quarantine)))
-    pipeline.prepare()
-    inbox = Inbox(cfg.state / "inbox")
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity_yaml(patterns=[])])).entities[0])
     files = [land(landing / "sales/listed.csv", "id,amount\n1,2\n"),
              land(landing / "sales/new.csv", "id,amount\n2,x\n")]
     result = pipeline.process(_batch(inbox, *files), 0)
