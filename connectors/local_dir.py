@@ -1,13 +1,14 @@
 """A local landing folder as a source: inotify events through watchdog, plus listings.
 
-A file is enqueued once nobody has it open for writing: at once when its writer closes it
-(IN_CLOSE_WRITE) or when it is renamed into place, and, for a file that appears some other
-way (moved in from outside the watched tree, or found by a listing), as soon as a read
-lease shows no writer is left. Where leases are not available (another owner, a network
-file system) a file counts as finished when its size and mtime have not changed for
-`settle_s`. A listing at start-up and every `reconcile_interval_s` enqueues files whose
-events were missed or that landed while the daemon was down. Names starting with `.` or
-`_`, temporary suffixes and CDM documents are never data.
+Any event on a file (closed after writing, renamed into place, moved in from outside the
+watched tree, created by a copy of a whole folder) puts it on a short wait; once it has been
+quiet for `quiet_s` it is enqueued if nobody has it open for writing, which a read lease
+tells (F_SETLEASE is refused exactly then). A file still being written waits for its close
+event. Where leases are not available (another owner, a network file system) a file counts
+as finished once its mtime is `settle_s` old. A listing at start-up and every
+`reconcile_interval_s` enqueues files whose events were missed or that landed while the
+daemon was down. Names starting with `.` or `_`, temporary suffixes and CDM documents are
+never data.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from watchdog.events import (
     FileClosedEvent,
     FileCreatedEvent,
+    FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
@@ -61,29 +63,28 @@ class _Handler(FileSystemEventHandler):
     def __init__(self, source: LocalDirSource) -> None:
         self._source = source
 
-    def on_closed(self, event: FileSystemEvent) -> None:
-        if isinstance(event, FileClosedEvent) and not event.is_directory:
-            self._source.offer_path(str(event.src_path))
-
-    def on_moved(self, event: FileSystemEvent) -> None:
-        if isinstance(event, FileMovedEvent) and not event.is_directory:
-            self._source.offer_path(str(event.dest_path))
-
-    def on_created(self, event: FileSystemEvent) -> None:
-        if isinstance(event, FileCreatedEvent) and not event.is_directory:
-            self._source.offer_when_finished(str(event.src_path))
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory:
+            return
+        if isinstance(event, FileMovedEvent):
+            self._source.note(str(event.dest_path))
+        elif isinstance(event, FileClosedEvent | FileCreatedEvent):
+            self._source.note(str(event.src_path))
+        elif isinstance(event, FileModifiedEvent):
+            self._source.touch(str(event.src_path))
 
 
 class LocalDirSource(Source):
     def __init__(self, entity: str, root: Path, inbox: Inbox, reconcile_interval_s: float,
-                 excluded: tuple[Path, ...] = (), settle_s: float = 2.0) -> None:
+                 excluded: tuple[Path, ...] = (), quiet_s: float = 0.2, settle_s: float = 2.0) -> None:
         self.entity = entity
         self.root = root
         self._inbox = inbox
         self._interval = reconcile_interval_s
         self._excluded = tuple(str(p) + os.sep for p in excluded)
+        self._quiet_s = quiet_s
         self._settle_s = settle_s
-        self._pending: dict[str, tuple[float, int, int]] = {}  # path -> (since, size, mtime_ns)
+        self._pending: dict[str, float] = {}  # path -> when it is due for a look
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._observer = Observer()
@@ -92,38 +93,52 @@ class LocalDirSource(Source):
     def _wanted(self, path: str) -> bool:
         return is_data_file(path) and not path.startswith(self._excluded)
 
-    def offer_path(self, path: str) -> None:
-        """The file is complete (closed after writing, or renamed into place)."""
+    def note(self, path: str) -> None:
+        """Something happened to a file: look at it once it has been quiet for quiet_s.
+
+        The short wait lets `cp -p`, rsync and the like set the final mtime after closing the
+        file, so one landing is one identity, not two.
+        """
+        if self._wanted(path):
+            with self._lock:
+                self._pending[path] = time.monotonic() + self._quiet_s
+
+    def touch(self, path: str) -> None:
+        """A write or attribute change: postpone the look at a file that is already due for one."""
         with self._lock:
-            self._pending.pop(path, None)
-        if self._stop.is_set() or not self._wanted(path):
-            return
-        try:
-            event = FileEvent.of(path)
-        except FileNotFoundError:
-            return  # gone again before we looked; nothing to ingest
-        for rec in self._inbox.offer([event]):
-            _log.info("file.enqueued", entity=self.entity, file=rec.path, offset=rec.offset, size=rec.size)
+            if path in self._pending:
+                self._pending[path] = time.monotonic() + self._quiet_s
 
-    def offer_when_finished(self, path: str) -> None:
-        """A file appeared without telling whether it is complete: take it once nobody writes it."""
-        if self._stop.is_set() or not self._wanted(path):
-            return
-        if (event := self._finished(path)) is not None:
-            self.offer_path(event.path)
-
-    def _finished(self, path: str) -> FileEvent | None:
-        """The file if nobody writes it; else None, after queueing it to settle when we cannot tell."""
+    def _look(self, path: str) -> FileEvent | None:
+        """The file if nobody writes it; None if it is gone, still written, or must settle longer."""
         try:
             writing = being_written(path)
             event = FileEvent.of(path)
         except FileNotFoundError:
             return None
-        if writing is None:
-            with self._lock:
-                self._pending.setdefault(path, (time.monotonic(), event.size, event.mtime_ns))
-        # writing is True: its writer's close event will offer it
-        return event if writing is False else None
+        if writing is None:  # no lease here: wait until size and mtime stood still for settle_s
+            age_ns = time.time_ns() - event.mtime_ns
+            if age_ns < self._settle_s * 1e9:
+                with self._lock:
+                    self._pending[path] = time.monotonic() + self._settle_s - age_ns / 1e9
+                return None
+        return event if not writing else None  # a writer still has it: its close event comes
+
+    def _offer(self, events: list[FileEvent]) -> int:
+        added = self._inbox.offer(events)
+        for rec in added:
+            _log.info("file.enqueued", entity=self.entity, file=rec.path, offset=rec.offset, size=rec.size)
+        return len(added)
+
+    def _due(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p, t in self._pending.items() if t <= now]
+            for path in due:
+                del self._pending[path]
+        events = [e for e in map(self._look, due) if e is not None]
+        if events and not self._stop.is_set():
+            self._offer(events)
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -141,33 +156,15 @@ class LocalDirSource(Source):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
             for name in files:
                 path = os.path.join(folder, name)
-                if self._wanted(path) and (event := self._finished(path)) is not None:
+                if self._wanted(path) and (event := self._look(path)) is not None:
                     finished.append(event)
         finished.sort(key=lambda e: (e.mtime_ns, e.path))
-        return len(self._inbox.offer(finished))
-
-    def _settle(self) -> None:
-        """Offer pending files whose size and mtime stood still for settle_s."""
-        now = time.monotonic()
-        with self._lock:
-            pending = list(self._pending.items())
-        for path, (since, size, mtime_ns) in pending:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                with self._lock:
-                    self._pending.pop(path, None)
-                continue
-            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                with self._lock:
-                    self._pending[path] = (now, st.st_size, st.st_mtime_ns)
-            elif now - since >= self._settle_s:
-                self.offer_path(path)
+        return self._offer(finished)
 
     def _loop(self) -> None:
         next_listing = time.monotonic() + self._interval
-        while not self._stop.wait(min(0.25, self._settle_s / 4)):
-            self._settle()
+        while not self._stop.wait(min(0.05, self._quiet_s / 2)):
+            self._due()
             if time.monotonic() < next_listing:
                 continue
             next_listing = time.monotonic() + self._interval

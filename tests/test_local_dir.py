@@ -49,9 +49,10 @@ def test_moved_in_from_outside_the_tree_is_taken_at_once(source, tmp_path):
     outside = tmp_path / "staging.csv"
     outside.write_text("a\n1\n")
     os.rename(outside, landing / "moved.csv")  # only IN_MOVED_TO: seen as a creation
+    wait_for(lambda: len(_records(inbox)) == 1, 10, what="the file moved in")
     (landing / "sub").mkdir()
     os.rename(landing / "moved.csv", landing / "sub" / "renamed.csv")  # a rename inside the tree
-    wait_for(lambda: len(_records(inbox)) == 2, 10, what="both renames")
+    wait_for(lambda: len(_records(inbox)) == 2, 10, what="the renamed file")
     assert [os.path.relpath(r.path, landing) for r in _records(inbox)] == ["moved.csv", "sub/renamed.csv"]
 
 
@@ -65,12 +66,14 @@ def test_a_copied_tree_is_taken_whole_and_ignored_names_are_not(source, tmp_path
     (tree / "2024" / ".hidden.csv").write_text("x")
     (tree / "2024" / "part.tmp").write_text("x")
     (tree / "x.manifest.cdm.json").write_text("{}")
-    shutil.copytree(tree, landing / "tree")
+    shutil.copytree(tree, landing / "tree")  # copy2: each file's mtime is set after it is closed
     (landing / "lake").mkdir()
     (landing / "lake" / "out.parquet").write_text("x")  # lakefeed's own output is excluded
     wait_for(lambda: len(_records(inbox)) == 20, 10, what="20 copied files")
     assert sorted(os.path.basename(r.path) for r in _records(inbox)) == sorted(f"f{i}.csv" for i in range(20))
+    wait_for(lambda: not src._pending, 10, what="no file waiting for a look")
     assert src.reconcile() == 0  # nothing missed, nothing twice
+    assert len(_records(inbox)) == 20
 
 
 def test_being_written_sees_writers(tmp_path):
