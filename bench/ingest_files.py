@@ -421,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", type=float, default=1200.0, help="overall deadline in seconds (default 1200)")
     p.add_argument("--interval", type=float, default=0.0, help="seconds between landings (default 0: a burst)")
-    p.add_argument("--staging", choices=("inside", "outside"), default="inside",
-                   help="where the files wait before their rename into landing/data: landing/_staging "
-                        "(default) or WORKDIR/staging, outside the watched tree (lakefeed 0.1.0 only "
-                        "sees those at its next reconcile listing: it ignores watchdog's created events)")
+    p.add_argument("--staging", choices=("inside", "outside"), default="outside",
+                   help="where the files wait before their rename into landing/data: WORKDIR/staging, "
+                        "outside the watched tree (default: watchdog reports such a rename as a created "
+                        "event), or landing/_staging (a move inside the watched tree)")
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
     args = p.parse_args(argv)
@@ -445,10 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
         t = time.perf_counter()
-        # Staging on the landing folder's filesystem. "inside" (default): landing/_staging, which
-        # the daemon never lists (names starting with "_"), so a rename into landing/data is a
-        # move inside the watched tree. "outside": a sibling folder of landing; watchdog reports
-        # such a rename as a *created* event (no IN_MOVED_FROM in the tree), see --staging help.
+        # Staging on the landing folder's filesystem. "outside" (default): a sibling folder of
+        # landing; watchdog reports such a rename as a *created* event (no IN_MOVED_FROM in the
+        # tree). "inside": landing/_staging, which the daemon never lists (names starting with
+        # "_"), so a rename into landing/data is a move inside the watched tree.
         staging = work / "landing" / "_staging" if args.staging == "inside" else work / "staging"
         (work / "landing" / "data").mkdir(parents=True, exist_ok=True)  # exists before the watch starts
         names = generate(staging, args.files, args.rows)

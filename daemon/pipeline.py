@@ -65,6 +65,8 @@ class EntityPipeline:
         self._query_id: str | None = None
         self._next_offset: int | None = None
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
+        # pyarrow releases the GIL while parsing: files are read side by side.
+        self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
     def prepare(self) -> None:
         """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
@@ -95,22 +97,29 @@ class EntityPipeline:
         entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
         discovery = Discovery.from_entity(entity, self.keeper.owned())
         target = self.sinks.table.schema() or self._declared_schema(entity)
-        tables: list[pa.Table] = []
-        bad: list[tuple[str, BadRow]] = []
+        matched = []
         for rec in records:
             partition = self._discover(discovery, rec, log_)
             if partition is None:
                 result.unmatched += 1
-                continue
-            read = self._read(rec, _without(target, partition.arguments), log_)
+            else:
+                matched.append((rec, partition))
+        if target is None and matched:
+            # The first file ever fixes the table's types; the others are read against them.
+            first = self._read(*matched[0], None, log_)
+            target = first[1].schema if first is not None and first[1] is not None else None
+            reads = [first, *self._reads.map(lambda m: self._read(*m, target, log_), matched[1:])]
+        else:
+            reads = list(self._reads.map(lambda m: self._read(*m, target, log_), matched))
+        tables: list[pa.Table] = []
+        bad: list[tuple[str, BadRow]] = []
+        for (rec, partition), read in zip(matched, reads, strict=True):
             if read is None:
                 continue
-            table, file_bad = read
-            bad.extend((rec.path, b) for b in file_bad)
+            location, table, file_bad = read
+            bad.extend((location, b) for b in file_bad)
             if table is not None:
-                if target is None:
-                    target = table.schema
-                tables.append(_with_arguments(table, partition, rec.path))
+                tables.append(table)
             result.files += 1
             result.partitions.append(partition_record(partition, clock.to_cdm(clock.from_ns(rec.mtime_ns))))
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
@@ -132,7 +141,9 @@ class EntityPipeline:
                       arguments=partition.arguments, incremental=partition.incremental_type)
         return partition
 
-    def _read(self, rec: InboxRecord, target: pa.Schema | None, log_):
+    def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None,
+              log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
+        """(location, rows with partition columns, bad rows), or None when the file is not there to read."""
         path = Path(rec.path)
         try:
             st = path.stat()
@@ -144,11 +155,13 @@ class EntityPipeline:
             log_.info("file.superseded", file=rec.path)
             return None
         try:
-            read = read_file(path, self.cfg.format, target)
+            read = read_file(path, self.cfg.format, _without(target, partition.arguments))
         except FileNotFoundError:
             log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
             return None
-        return read.table, read.bad
+        location = partition.location
+        table = _with_arguments(read.table, partition, location) if read.table is not None else None
+        return location, table, read.bad
 
     def _declared_schema(self, entity: dict) -> pa.Schema | None:
         document = schema_document(self.root, entity)
@@ -206,20 +219,20 @@ class EntityPipeline:
         return self._next_offset
 
 
-def _with_arguments(table: pa.Table, partition: Partition, path: str) -> pa.Table:
+def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
     for name, values in partition.arguments.items():
         if name in table.column_names:
             continue  # the data's own column wins; the argument stays in the manifest
         value = values[0] if len(values) == 1 else json.dumps(values)
         table = table.append_column(name, pa.repeat(pa.scalar(value, pa.string()), table.num_rows))
-    return table.append_column("source_file", pa.repeat(pa.scalar(path, pa.string()), table.num_rows))
+    return table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))
 
 
 def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Schema | None:
-    """The file's part of the table schema: partition arguments come from the path, not the file."""
+    """The file's part of a schema: partition arguments come from the path, provenance from lakefeed."""
     if schema is None:
         return None
-    return pa.schema([f for f in schema if f.name not in arguments])
+    return pa.schema([f for f in schema if f.name not in arguments and f.name != "source_file"])
 
 
 def _event_times(data: pa.Table, column: str) -> tuple[pa.Table, list[tuple[str, BadRow]]]:

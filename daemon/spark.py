@@ -57,3 +57,8 @@ def session(cfg: SparkConfig) -> SparkSession:
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(InboxDataSource)
     return spark
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Start the Python workers and the JVM's code paths now, not in the first file's batch."""
+    spark.range(1).mapInArrow(lambda batches: batches, "id long").collect()

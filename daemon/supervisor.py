@@ -55,6 +55,12 @@ class EntityRunner:
                       .queryName(f"lakefeed_{self.cfg.name}")
                       .trigger(processingTime=self._trigger)
                       .start())
+        # Ready means the query has planned its first trigger (its source process runs), so the
+        # first file is not kept waiting for start-up work.
+        deadline = time.monotonic() + 120
+        while (self.query.isActive and self.query.status["message"].startswith("Initializing")
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         _log.info("entity.started", entity=self.cfg.name, query_id=str(self.query.id))
 
     def _batch(self, frame: DataFrame, batch_id: int) -> None:
@@ -108,6 +114,7 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         session = spark.session(self.cfg.spark)
+        spark.warm_up(session)
         excluded = (self.cfg.lake_dir, self.cfg.state_dir)
         with ExitStack() as stack:
             stack.callback(session.stop)

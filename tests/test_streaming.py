@@ -33,7 +33,7 @@ def runner(spark, tmp_path):
 def test_files_landing_become_delta_rows_and_manifest_partitions(runner, tmp_path):
     cfg = runner.cfg
     landing = cfg.source.path
-    before = land(landing / "sales/2023/12/old.csv", "id,amount\n0,0.5\n")  # landed while the daemon was down
+    land(landing / "sales/2023/12/old.csv", "id,amount\n0,0.5\n")  # landed while the daemon was down
     runner.start()
     land(landing / "sales/2024/01/a.csv", "id,amount\n1,1.5\n2,2.5\n")
     (landing / "sales").mkdir(exist_ok=True)
@@ -49,7 +49,7 @@ def test_files_landing_become_delta_rows_and_manifest_partitions(runner, tmp_pat
                       "sales/b.csv": {}}
     changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
     assert sorted(changelog["offset"].to_pylist()) == [0, 1, 2, 3]
-    assert str(before) in changelog["source_file"].to_pylist()
+    assert "sales/2023/12/old.csv" in changelog["source_file"].to_pylist()
 
     # The manifest lakefeed wrote loads in Microsoft's CDM SDK with the same partitions.
     sdk, doc = cdm_sdk.partitions(landing)
