@@ -10,17 +10,29 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import TableNotFoundError
 
 from lakefeed.connectors.base import TableSink
 
 
 class DeltaRsSink(TableSink):
-    def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None,
+                 unique_columns: tuple[str, ...] = ()) -> None:
+        """`unique_columns` hold (nearly) unique values, such as offsets: Parquet dictionaries are skipped for them."""
         self.uri = str(uri)
         self._options = storage_options
         self._table: DeltaTable | None = None
+        self._writer = WriterProperties(
+            column_properties={c: ColumnProperties(dictionary_enabled=False) for c in unique_columns}
+        ) if unique_columns else None
 
     def _load(self) -> DeltaTable | None:
         if self._table is None:
@@ -43,6 +55,7 @@ class DeltaRsSink(TableSink):
             mode="append",
             schema_mode="merge",
             storage_options=self._options,
+            writer_properties=self._writer,
             commit_properties=CommitProperties(
                 custom_metadata=metadata, app_transactions=[Transaction(app_id, version)]
             ),

@@ -25,11 +25,12 @@ QUARANTINE_SCHEMA = pa.schema([
 def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_time: datetime,
                     event_time_column: str | None) -> pa.Table:
     n = data.num_rows
-    system = pa.repeat(pa.scalar(system_time, _TS), n)
+    micros = int(system_time.timestamp() * 1_000_000)
+    system = pa.array(np.full(n, micros, dtype="datetime64[us]")).cast(_TS)
     event = data.column(event_time_column).cast(_TS) if event_time_column else system
     front = pa.table({
         "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-        "op": pa.repeat(pa.scalar(OP_APPEND, pa.int8()), n),
+        "op": pa.array(np.full(n, OP_APPEND, dtype=np.int8)),
         "system_time": system,
         "event_time": event,
     })
@@ -38,7 +39,7 @@ def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_tim
     for name in data_columns:
         out = out.append_column(data.field(name), data.column(name))
     out = out.append_column("source_file", data.column("source_file"))
-    return out.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.int64()), n))
+    return out.append_column("batch_id", pa.array(np.full(n, batch_id, dtype=np.int64)))
 
 
 def quarantine_table(entity: str, bad: list[tuple[str, BadRow]], batch_id: int, system_time: datetime) -> pa.Table:

@@ -42,7 +42,8 @@ class Sinks:
 
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
-        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog), DeltaRsSink(cfg.quarantine))
+        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
+                   DeltaRsSink(cfg.quarantine))
 
 
 @dataclass
