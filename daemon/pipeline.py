@@ -88,6 +88,8 @@ class EntityPipeline:
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
         log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
+        if not records:
+            return result
         if all(self._done(sink, batch_id) for sink in (self.sinks.table, self.sinks.changelog)):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
@@ -183,6 +185,9 @@ class EntityPipeline:
         result.quarantined = len(bad)
         result.rows = data.num_rows if data is not None else 0
         writes = []
+        if data is None and not result.partitions:
+            log_.info("batch.empty", unmatched=result.unmatched)
+            return
         if data is not None and not self._done(self.sinks.changelog, batch_id):
             first = self._offset_start()
             changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)

@@ -28,6 +28,7 @@ from lakefeed.notify import notify
 from lakefeed.pipeline import EntityPipeline, Sinks
 
 _log = log.get(__name__)
+_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
 
 
 class EntityRunner:
@@ -55,10 +56,10 @@ class EntityRunner:
                       .queryName(f"lakefeed_{self.cfg.name}")
                       .trigger(processingTime=self._trigger)
                       .start())
-        # Ready means the query has planned its first trigger (its source process runs), so the
-        # first file is not kept waiting for start-up work.
+        # Ready means the query has run its first trigger (a new query's first batch is always an
+        # empty one), so the first file landing is not kept waiting behind start-up work.
         deadline = time.monotonic() + 120
-        while (self.query.isActive and self.query.status["message"].startswith("Initializing")
+        while (self.query.isActive and self.query.status["message"] not in _WAITING
                and time.monotonic() < deadline):
             time.sleep(0.05)
         _log.info("entity.started", entity=self.cfg.name, query_id=str(self.query.id))

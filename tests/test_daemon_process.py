@@ -86,14 +86,16 @@ def test_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(setup):
 
     daemon.start()
     committed = daemon.events("batch.committed")
+    for n in range(25, 30):
+        land(landing / f"f{n:03d}.csv", _csv(n))
     wait_for(lambda: daemon.events("batch.committed") > committed, 60, what="a batch after restart")
     daemon.signal(signal.SIGKILL)  # and once more, wherever it is now
     daemon.wait()
-    for n in range(25, 30):
+    for n in range(30, 35):
         land(landing / f"f{n:03d}.csv", _csv(n))
 
     daemon.start()
-    total = 30 * ROWS_PER_FILE
+    total = 35 * ROWS_PER_FILE
     wait_for(lambda: _table_rows(table) == total, 120, 0.3, f"{total} rows")
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
@@ -105,7 +107,7 @@ def test_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(setup):
     assert sorted(changelog["offset"].to_pylist()) == list(range(total))  # dense, never reused
     assert sorted(changelog["id"].to_pylist()) == list(range(total))
     entity = cdm_manifest.find_entity(cdm_manifest.load(tmp_path / "landing" / "default.manifest.cdm.json"), "sales")
-    assert sorted(p["location"] for p in entity["dataPartitions"]) == [f"sales/f{n:03d}.csv" for n in range(30)]
+    assert sorted(p["location"] for p in entity["dataPartitions"]) == [f"sales/f{n:03d}.csv" for n in range(35)]
 
 
 def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(setup):
