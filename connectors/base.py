@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakefeed.cdc import MergePlan
+
 
 class Source(ABC):
     """Lifecycle: start() begins delivering to the inbox; stop() stops intake and returns promptly."""
@@ -51,3 +53,19 @@ class TableSink(ABC):
 
     @abstractmethod
     def version(self) -> int | None: ...
+
+    @abstractmethod
+    def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        """Apply a reduced batch (one row per key, with `__kind`) in one commit; return the table version.
+
+        The commit records (app_id, version) and `metadata` even when the merge changes nothing.
+        """
+
+    @abstractmethod
+    def changes(self, table_version: int) -> pa.Table:
+        """What one commit changed, as change data rows with `_change_type`
+        (insert, delete, update_preimage, update_postimage)."""
+
+    @abstractmethod
+    def version_of(self, app_id: str, version: int) -> int | None:
+        """The table version whose commit recorded (app_id, version), if it is still in the log."""

@@ -20,7 +20,11 @@ from deltalake import (
 )
 from deltalake.exceptions import TableNotFoundError
 
+from lakefeed.cdc import KIND, MergePlan
 from lakefeed.connectors.base import TableSink
+from lakefeed.schema import delta_compatible
+
+_CDF = "delta.enableChangeDataFeed"
 
 
 class DeltaRsSink(TableSink):
@@ -85,8 +89,82 @@ class DeltaRsSink(TableSink):
         table = self._load()
         return table.version() if table is not None else None
 
+    def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        columns = [c for c in source.column_names if c != KIND]
+        table = self._load()
+        if table is None:
+            write_deltalake(self.uri, source.select(columns).schema.empty_table(), mode="append",
+                            storage_options=self._options, configuration={_CDF: "true"})
+            table = self._load()
+        elif table.metadata().configuration.get(_CDF) != "true":
+            table.alter.set_table_properties({_CDF: "true"})
+        assert table is not None
+        before = table.version()
+        values = {c: _col("s", c) for c in columns}
+        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
+        merger = table.merge(source, predicate=on, source_alias="s", target_alias="t", merge_schema=True,
+                             writer_properties=self._writer,
+                             commit_properties=CommitProperties(custom_metadata=metadata,
+                                                                app_transactions=[Transaction(app_id, version)]))
+        changed = _changed(tuple(c for c in plan.compare if c in columns))
+        if plan.snapshot:
+            merger = (merger.when_matched_update(values, predicate=changed)
+                      .when_not_matched_insert(values)
+                      .when_not_matched_by_source_delete())
+        else:
+            newer = _newer(plan.sequence)
+            inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
+            merger = (merger.when_matched_delete(predicate=f"s.{KIND} = 'delete' AND ({newer})")
+                      .when_matched_update(values, predicate=f"s.{KIND} IN ('upsert', 'update') AND ({newer}) "
+                                                             f"AND ({changed})")
+                      .when_not_matched_insert(values, predicate=f"s.{KIND} IN ({inserting})"))
+        merger.execute()
+        table = self._load()
+        assert table is not None
+        if table.version() == before:  # nothing changed: record the batch all the same
+            self.append(pa.schema(table.schema().to_arrow()).empty_table(), app_id, version, metadata)
+            table = self._load()
+            assert table is not None
+        return table.version()
+
+    def changes(self, table_version: int) -> pa.Table:
+        table = self._load()
+        assert table is not None
+        changes = pa.table(table.load_cdf(starting_version=table_version, ending_version=table_version).read_all())
+        return changes.cast(delta_compatible(changes.schema))
+
+    def version_of(self, app_id: str, version: int) -> int | None:
+        table = self._load()
+        if table is None:
+            return None
+        for commit in table.history(limit=1000):
+            if commit.get("lakefeed.app_id") == app_id and commit.get("lakefeed.batch_id") == str(version):
+                return int(commit["version"])
+        return None
+
     def to_arrow(self) -> pa.Table:
         table = self._load()
         if table is None:
             raise TableNotFoundError(f"no Delta table at {self.uri}")
         return pa.table(table.to_pyarrow_table())
+
+
+def _col(alias: str, name: str) -> str:
+    return f'{alias}."{name}"'
+
+
+def _newer(seq: tuple[str, ...]) -> str:
+    """Source sequence >= target sequence, lexicographically; ties go to the later arrival (the source)."""
+    if not seq:
+        return "TRUE"
+    *head, last = seq
+    clauses, equal = [], []
+    for c in head:
+        clauses.append("(" + " AND ".join([*equal, f"{_col('s', c)} > {_col('t', c)}"]) + ")")
+        equal.append(f"{_col('s', c)} = {_col('t', c)}")
+    clauses.append("(" + " AND ".join([*equal, f"{_col('s', last)} >= {_col('t', last)}"]) + ")")
+    return " OR ".join(clauses)
+
+
+def _changed(columns: tuple[str, ...]) -> str:
+    return " OR ".join(f"({_col('t', c)} IS DISTINCT FROM {_col('s', c)})" for c in columns) or "FALSE"

@@ -2,7 +2,8 @@
 
 Changelog columns follow ODF: `offset` (dense, monotonic per dataset), `op` (0 append,
 1 retract, 2 correct-from, 3 correct-to), `system_time`, `event_time`, then the data, then
-provenance (`source_file`, `batch_id`). This foundation emits appends only.
+provenance (`source_file`, `batch_id`). A data column whose name is one of these is
+stored as `data_<name>` in the changelog (a Debezium `op` column becomes `data_op`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pyarrow as pa
 from lakefeed.read import BadRow
 
 OP_APPEND = 0
+SYSTEM_COLUMNS = ("offset", "op", "system_time", "event_time", "source_file", "batch_id")
 _TS = pa.timestamp("us", tz="UTC")
 QUARANTINE_SCHEMA = pa.schema([
     ("entity", pa.string()), ("source_file", pa.string()), ("line", pa.int64()), ("reason", pa.string()),
@@ -34,12 +36,16 @@ def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_tim
         "system_time": system,
         "event_time": event,
     })
-    data_columns = [c for c in data.column_names if c != "source_file"]
+    return assemble(front, data.drop_columns(["source_file"]), data.column("source_file"), batch_id)
+
+
+def assemble(front: pa.Table, data: pa.Table, source_file: pa.ChunkedArray | pa.Array, batch_id: int) -> pa.Table:
+    """System columns, then the data (names clear of the system ones), then provenance."""
     out = front
-    for name in data_columns:
-        out = out.append_column(data.field(name), data.column(name))
-    out = out.append_column("source_file", data.column("source_file"))
-    return out.append_column("batch_id", pa.array(np.full(n, batch_id, dtype=np.int64)))
+    for name in data.column_names:
+        out = out.append_column(f"data_{name}" if name in SYSTEM_COLUMNS else name, data.column(name))
+    out = out.append_column("source_file", source_file)
+    return out.append_column("batch_id", pa.array(np.full(front.num_rows, batch_id, dtype=np.int64)))
 
 
 def quarantine_table(entity: str, bad: list[tuple[str, BadRow]], batch_id: int, system_time: datetime) -> pa.Table:

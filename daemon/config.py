@@ -98,6 +98,41 @@ class ParquetFormat(_Frozen):
 FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat, Field(discriminator="kind")]
 
 
+Strategy = Literal["append", "ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "insert", "update",
+                   "changelog"]
+ChangeKind = Literal["upsert", "delete", "insert", "update"]
+
+
+class CdcConfig(_Frozen):
+    """How rows become changes of the current-state table (Open Data Fabric merge strategies, CDM types)."""
+
+    strategy: Strategy = "append"
+    primary_key: tuple[str, ...] = ()
+    sequence_by: tuple[str, ...] = Field(default=(), description="Per key, the highest sequence wins.")
+    compare_columns: tuple[str, ...] = Field(
+        default=(), description="Columns whose change makes a correction (default: every non-key column).")
+    delete_column: str = Field(default="IsDelete", description="upsert_and_delete: the delete marker column.")
+    delete_values: tuple[str, ...] = ("true", "True", "TRUE", "1")
+    update_of_absent: Literal["insert", "ignore", "quarantine"] = "insert"
+    op_column: str = Field(default="op", description="changelog: the column holding each row's operation.")
+    op_values: dict[str, ChangeKind] = Field(
+        default_factory=lambda: {"c": "insert", "r": "upsert", "u": "upsert", "d": "delete",
+                                 "insert": "insert", "update": "update", "upsert": "upsert", "delete": "delete"},
+        description="changelog: op column value -> change kind (defaults cover Debezium's c/r/u/d).")
+
+    @model_validator(mode="after")
+    def _keys_where_needed(self) -> CdcConfig:
+        if self.strategy != "append" and not self.primary_key:
+            raise ValueError(f"strategy {self.strategy} needs primary_key")
+        if self.strategy == "append" and (self.sequence_by or self.primary_key):
+            raise ValueError("strategy append takes no primary_key or sequence_by; use ledger or upsert")
+        return self
+
+    @property
+    def keyed(self) -> bool:
+        return self.strategy != "append"
+
+
 class LocalDirSource(_Frozen):
     type: Literal["local_dir"] = "local_dir"
     path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
@@ -112,6 +147,7 @@ class EntityConfig(_Frozen):
     patterns: tuple[PatternSpec, ...] = ()
     format: FileFormat = CsvFormat()
     event_time_column: str | None = None
+    cdc: CdcConfig = CdcConfig()
     table: ResolvedPath
     changelog: ResolvedPath
     quarantine: ResolvedPath

@@ -1,60 +1,33 @@
 """One micro-batch of an entity: discover → read → commit → manifests.
 
-Called from the streaming query's foreachBatch with the inbox records of the batch. The
-three Delta commits (quarantine, changelog, table) each carry the application transaction
-(app_id = lakefeed + entity + Spark query id, version = batch id), so a batch that Spark
-replays after a crash changes nothing that was already committed, and completes what was not.
-The table commit goes last and records the batch's partitions for the manifest keeper.
+Called from the streaming query's foreachBatch with the inbox records of the batch. Files
+are matched to partitions, read side by side, given their partition arguments, provenance
+and (for keyed entities) change kind, then handed to the commit protocol (daemon/commit.py)
+with app_id = lakefeed + entity + Spark query id and the batch id; the manifest keeper
+then brings the manifest up to date from what was committed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from datetime import datetime
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefeed import clock, log
-from lakefeed.changelog import build_changelog, quarantine_table
+from lakefeed import cdc, clock, log
+from lakefeed.commit import BatchResult, Committer, Sinks
 from lakefeed.config import EntityConfig
 from lakefeed.connectors import cdm_manifest
-from lakefeed.connectors.base import TableSink
-from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.discovery import Discovery, Partition
 from lakefeed.inbox import InboxRecord
-from lakefeed.manifests import METADATA_KEY, ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.manifests import ManifestKeeper, ensure_entity, partition_record, schema_document
 from lakefeed.read import BadRow, read_file
 from lakefeed.schema import from_entity_document
 
 _log = log.get(__name__)
-
-
-@dataclass
-class Sinks:
-    table: TableSink
-    changelog: TableSink
-    quarantine: TableSink
-
-    @classmethod
-    def delta_rs(cls, cfg: EntityConfig) -> Sinks:
-        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
-                   DeltaRsSink(cfg.quarantine))
-
-
-@dataclass
-class BatchResult:
-    batch_id: int
-    files: int = 0
-    rows: int = 0
-    quarantined: int = 0
-    unmatched: int = 0
-    skipped: bool = False
-    partitions: list[dict] = field(default_factory=list)
 
 
 class EntityPipeline:
@@ -64,8 +37,7 @@ class EntityPipeline:
         self.root = cfg.manifest.parent
         self.keeper = ManifestKeeper(cfg, sinks.table)
         self._query_id: str | None = None
-        self._next_offset: int | None = None
-        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
+        self._committer: Committer | None = None
         # pyarrow releases the GIL while parsing: files are read side by side.
         self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
@@ -81,16 +53,17 @@ class EntityPipeline:
             self._query_id = meta["id"]
         return f"lakefeed:{self.cfg.name}:{self._query_id}"
 
-    def _done(self, sink: TableSink, batch_id: int) -> bool:
-        version = sink.committed_version(self.app_id())
-        return version is not None and version >= batch_id
+    def committer(self) -> Committer:
+        if self._committer is None:
+            self._committer = Committer(self.cfg, self.sinks, self.app_id())
+        return self._committer
 
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
         log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
         if not records:
             return result
-        if all(self._done(sink, batch_id) for sink in (self.sinks.table, self.sinks.changelog)):
+        if all(self.committer().done(sink, batch_id) for sink in (self.sinks.table, self.sinks.changelog)):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
             self.keeper.refresh()
@@ -129,7 +102,9 @@ class EntityPipeline:
         if data is not None and self.cfg.event_time_column:
             data, late_bad = _event_times(data, self.cfg.event_time_column)
             bad.extend(late_bad)
-        self._commit(data, bad, result, checked_at, log_)
+        snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
+                              if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
+        self.committer().commit(data, bad, result, checked_at, log_, snapshot_file)
         self.keeper.refresh()
         return result
 
@@ -163,7 +138,15 @@ class EntityPipeline:
             log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
             return None
         location = partition.location
-        table = _with_arguments(read.table, partition, location) if read.table is not None else None
+        if read.table is None:
+            return location, None, read.bad
+        table = _with_arguments(read.table, partition, location)
+        if self.cfg.cdc.keyed:
+            table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, partition.incremental_type), rec.offset)
+        elif partition.incremental_type not in (None, "Insert"):
+            reason = (f"a {partition.incremental_type} partition needs a keyed entity: set cdc.strategy and "
+                      "cdc.primary_key to apply it")
+            return location, None, [*read.bad, BadRow(None, reason, f"{table.num_rows} rows not applied")]
         return location, table, read.bad
 
     def _declared_schema(self, entity: dict) -> pa.Schema | None:
@@ -171,59 +154,6 @@ class EntityPipeline:
         if document is None or not document.exists():
             return None
         return from_entity_document(document, self.cfg.name)
-
-    def _commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
-                checked_at: datetime, log_) -> None:
-        """Quarantine, then changelog and table in parallel; each is skipped if it already has the batch."""
-        app_id, batch_id = self.app_id(), result.batch_id
-        meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id)}
-        if bad and not self._done(self.sinks.quarantine, batch_id):
-            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
-                                         app_id, batch_id, meta)
-            for path, row in bad:
-                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
-        result.quarantined = len(bad)
-        result.rows = data.num_rows if data is not None else 0
-        writes = []
-        if data is None and not result.partitions:
-            log_.info("batch.empty", unmatched=result.unmatched)
-            return
-        if data is not None and not self._done(self.sinks.changelog, batch_id):
-            first = self._offset_start()
-            changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)
-            writes.append(lambda: self.sinks.changelog.append(changelog, app_id, batch_id, meta))
-            self._next_offset = first + result.rows
-        if not self._done(self.sinks.table, batch_id):
-            rows = data.drop_columns(["source_file"]) if data is not None else self._empty_table()
-            partitions = {"checked": clock.to_cdm(checked_at), "partitions": result.partitions}
-            if rows is not None:
-                metadata = {**meta, METADATA_KEY: json.dumps(partitions)}
-                writes.append(lambda: self.sinks.table.append(rows, app_id, batch_id, metadata))
-            elif result.partitions:
-                log_.warning("batch.nothing_to_commit", partitions=len(result.partitions),
-                             reason="no rows and no table yet; the partitions are not recorded")
-        # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
-        futures = [self._writers.submit(write) for write in writes]
-        wait(futures)  # never leave a write running behind a failed batch
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            self._next_offset = None  # unknown whether the changelog committed: re-read it next time
-            raise
-        log_.info("batch.committed", files=result.files, rows=result.rows, quarantined=len(bad),
-                  unmatched=result.unmatched)
-
-    def _empty_table(self) -> pa.Table | None:
-        schema = self.sinks.table.schema()
-        return schema.empty_table() if schema is not None else None
-
-    def _offset_start(self) -> int:
-        if self._next_offset is None:
-            last = self.sinks.changelog.max_of("offset")
-            self._next_offset = 0 if last is None else int(last) + 1
-        return self._next_offset
-
 
 def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
     for name, values in partition.arguments.items():

@@ -66,8 +66,10 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
             t = pa.timestamp("us", tz="UTC")
         elif pa.types.is_unsigned_integer(t):
             t = pa.int64()
-        elif pa.types.is_large_string(t):
+        elif pa.types.is_large_string(t) or pa.types.is_string_view(t):
             t = pa.string()
+        elif pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            t = pa.binary()
         fields.append(pa.field(f.name, t, nullable=True))
     return pa.schema(fields)
 

@@ -19,13 +19,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from lakefeed import log, spark
+from lakefeed.commit import Sinks
 from lakefeed.config import EntityConfig, LakefeedConfig
 from lakefeed.connectors.inbox_stream import FORMAT
 from lakefeed.connectors.local_dir import LocalDirSource
 from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
 from lakefeed.notify import notify
-from lakefeed.pipeline import EntityPipeline, Sinks
+from lakefeed.pipeline import EntityPipeline
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")

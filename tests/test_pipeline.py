@@ -9,10 +9,11 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefeed import config
+from lakefeed.commit import Sinks
 from lakefeed.connectors import cdm_manifest
 from lakefeed.errors import ManifestError
 from lakefeed.inbox import FileEvent, Inbox
-from lakefeed.pipeline import EntityPipeline, Sinks
+from lakefeed.pipeline import EntityPipeline
 from tests.conftest import entity_yaml, land, write_config
 
 

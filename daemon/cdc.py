@@ -1,0 +1,157 @@
+"""The CDC engine: a batch of rows → one final change per key → a merge plan → ODF changelog rows.
+
+Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__order`
+(inbox offset and row number: arrival order). A batch is reduced to one change per key:
+the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
+keeps the first row of a key instead, snapshot keeps the batch's last snapshot file). The
+table sink applies the reduced batch in one MERGE; what the merge changed (the table's
+change data feed) becomes the changelog: insert → 0 append (+A), delete → 1 retract (-R,
+with the old row), update → 2 correct-from (-C, old values) immediately followed by
+3 correct-to (+C, new values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed.changelog import assemble
+from lakefeed.config import CdcConfig
+from lakefeed.read import BadRow
+
+KIND, ORDER = "__kind", "__order"
+OP_APPEND, OP_RETRACT, OP_CORRECT_FROM, OP_CORRECT_TO = 0, 1, 2, 3
+_OPS = {"insert": OP_APPEND, "delete": OP_RETRACT, "update_preimage": OP_CORRECT_FROM,
+        "update_postimage": OP_CORRECT_TO}
+INCREMENTAL_KINDS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Upsert": "upsert",
+                     "UpsertAndDelete": "upsert_and_delete"}
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """What the table sink must do with a reduced batch; the sink turns it into its engine's MERGE."""
+
+    keys: tuple[str, ...]
+    sequence: tuple[str, ...]
+    compare: tuple[str, ...]  # a matched row changes only if one of these differs
+    snapshot: bool  # rows are the whole state: keys not in the batch are deleted
+    insert_updates_of_absent: bool
+
+
+def file_kind(cfg: CdcConfig, incremental_type: str | None) -> str:
+    """The change kind of a file's rows: its CDM incremental type when it has one, else the strategy's."""
+    if incremental_type is not None:
+        return INCREMENTAL_KINDS[incremental_type]
+    return {"ledger": "insert", "snapshot": "snapshot"}.get(cfg.strategy, cfg.strategy)
+
+
+def tag(table: pa.Table, kind: str, offset: int) -> pa.Table:
+    order = pa.array(np.arange(table.num_rows, dtype=np.int64) + offset * 1_000_000_000)
+    kinds = pa.array(np.full(table.num_rows, kind, dtype=object), pa.string())
+    return table.append_column(KIND, kinds).append_column(ORDER, order)
+
+
+def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """Per-row kinds for upsert_and_delete (delete marker) and changelog (op column); bad rows out."""
+    kinds = data.column(KIND).to_pylist()
+    bad_rows: dict[int, str] = {}
+    if "upsert_and_delete" in kinds:
+        marker = data.column(cfg.delete_column).cast(pa.string()).to_pylist() \
+            if cfg.delete_column in data.column_names else [None] * data.num_rows
+        kinds = ["delete" if k == "upsert_and_delete" and str(m) in cfg.delete_values else
+                 "upsert" if k == "upsert_and_delete" else k for k, m in zip(kinds, marker, strict=True)]
+    if "changelog" in kinds:
+        ops = data.column(cfg.op_column).cast(pa.string()).to_pylist() \
+            if cfg.op_column in data.column_names else [None] * data.num_rows
+        for i, (k, op) in enumerate(zip(kinds, ops, strict=True)):
+            if k == "changelog":
+                kinds[i] = cfg.op_values.get(op or "", "")
+                if not kinds[i]:
+                    bad_rows[i] = f"unknown operation {op!r} in column {cfg.op_column!r}"
+    for name in (*cfg.primary_key, *cfg.sequence_by):
+        if name not in data.column_names:
+            return data.slice(0, 0), _bad(data, dict.fromkeys(range(data.num_rows), f"column {name!r} is missing"))
+        for i in np.flatnonzero(data.column(name).is_null().to_numpy(zero_copy_only=False)):
+            bad_rows.setdefault(int(i), f"{'key' if name in cfg.primary_key else 'sequence'} column {name!r} is null")
+    data = data.set_column(data.schema.get_field_index(KIND), KIND, pa.array(kinds, pa.string()))
+    if not bad_rows:
+        return data, []
+    keep = np.ones(data.num_rows, dtype=bool)
+    keep[list(bad_rows)] = False
+    return data.filter(pa.array(keep)), _bad(data, bad_rows)
+
+
+def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
+    import json
+
+    out = []
+    visible = [c for c in data.column_names if c not in (KIND, ORDER, "source_file")]
+    for i, reason in sorted(reasons.items()):
+        row = data.slice(i, 1).to_pylist()[0]
+        raw = json.dumps({k: None if row[k] is None else str(row[k]) for k in visible})
+        out.append((row.get("source_file") or "", BadRow(None, reason, raw)))
+    return out
+
+
+def reduce(data: pa.Table, cfg: CdcConfig, snapshot_file: str | None = None) -> pa.Table:
+    """One row per key: the winning change of the batch.
+
+    With a snapshot strategy, `snapshot_file` is the batch's last snapshot file: it is the
+    whole state (even when empty), and earlier snapshots in the batch are superseded.
+    """
+    if cfg.strategy == "snapshot":
+        data = data.filter(pc.equal(data.column("source_file"), snapshot_file or ""))
+    first_wins = cfg.strategy == "ledger"
+    sort = [(k, "ascending") for k in cfg.primary_key]
+    sort += [(c, "ascending") for c in cfg.sequence_by] + [(ORDER, "ascending")]
+    data = data.sort_by(sort)
+    n = data.num_rows
+    if n == 0:
+        return data
+    new_key = np.zeros(n, dtype=bool)
+    for k in cfg.primary_key:
+        col = data.column(k).combine_chunks()
+        new_key[1:] |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    new_key[0] = True
+    if first_wins:
+        return data.filter(pa.array(new_key))
+    last = np.append(new_key[1:], True)
+    return data.filter(pa.array(last))
+
+
+def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
+    keys = cfg.primary_key
+    compare = cfg.compare_columns or tuple(c for c in data_columns if c not in keys)
+    return MergePlan(keys, cfg.sequence_by, compare, cfg.strategy == "snapshot", cfg.update_of_absent == "insert")
+
+
+def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], first_offset: int, batch_id: int,
+                   system_time: datetime, event_time_column: str | None) -> pa.Table:
+    """Changelog rows from a merge's change data (`_change_type`), in key order, -C right before +C."""
+    change = changes.column("_change_type").to_pylist()
+    ops = pa.array([_OPS[c] for c in change], pa.int8())
+    data = changes.drop_columns([c for c in changes.column_names if c.startswith("_change") or c.startswith("_commit")])
+    data = data.append_column("__op", ops).sort_by([(k, "ascending") for k in keys] + [("__op", "ascending")])
+    # A key's retract and correction pair sort as (1) or (2, 3); an append (0) never shares a key with them.
+    ops = data.column("__op")
+    data = data.drop_columns(["__op"])
+    n = data.num_rows
+    provenance = source.select([*keys, "source_file"] + ([event_time_column] if event_time_column else []))
+    if event_time_column:
+        provenance = provenance.rename_columns([*keys, "source_file", "__event_time"])
+    joined = data.select(list(keys)).append_column("__row", pa.array(np.arange(n))).join(
+        provenance, keys=list(keys), join_type="left outer").sort_by("__row")
+    system = pa.array(np.full(n, int(system_time.timestamp() * 1_000_000), dtype="datetime64[us]")).cast(_TS)
+    event = system
+    if event_time_column:
+        event = pc.coalesce(joined.column("__event_time").cast(_TS), system)
+    front = pa.table({
+        "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        "op": ops, "system_time": system, "event_time": event,
+    })
+    return assemble(front, data, joined.column("source_file"), batch_id)

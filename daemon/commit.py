@@ -1,0 +1,150 @@
+"""The commit protocol: a read batch into the quarantine, changelog and current-state tables, once.
+
+Every commit carries the application transaction (app_id, batch id); each table is skipped
+when it already recorded the batch, so a batch Spark replays after a crash completes what
+was missing and repeats nothing. Append entities write the changelog and the table side by
+side; keyed entities MERGE into the table first and derive the changelog from what that
+commit changed (its change data feed), so a replay finds the same changes again.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from lakefeed import cdc, clock
+from lakefeed.changelog import build_changelog, quarantine_table
+from lakefeed.config import EntityConfig
+from lakefeed.connectors.base import TableSink
+from lakefeed.connectors.delta_rs import DeltaRsSink
+from lakefeed.manifests import METADATA_KEY
+from lakefeed.read import BadRow
+
+
+@dataclass
+class Sinks:
+    table: TableSink
+    changelog: TableSink
+    quarantine: TableSink
+
+    @classmethod
+    def delta_rs(cls, cfg: EntityConfig) -> Sinks:
+        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
+                   DeltaRsSink(cfg.quarantine))
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    files: int = 0
+    rows: int = 0
+    quarantined: int = 0
+    unmatched: int = 0
+    changes: int = 0
+    skipped: bool = False
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Committer:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks, app_id: str) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.app_id = app_id
+        self._next_offset: int | None = None
+        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
+
+    def done(self, sink: TableSink, batch_id: int) -> bool:
+        version = sink.committed_version(self.app_id)
+        return version is not None and version >= batch_id
+
+    def commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
+               checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
+        """Commit a batch; `snapshot_file` is the location of the batch's last file for snapshot entities."""
+        batch_id = result.batch_id
+        meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
+        if self.cfg.cdc.keyed and data is not None:
+            data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
+            bad = [*bad, *bad_kinds]
+        if bad and not self.done(self.sinks.quarantine, batch_id):
+            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
+                                         self.app_id, batch_id, meta)
+            for path, row in bad:
+                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+        result.quarantined = len(bad)
+        result.rows = data.num_rows if data is not None else 0
+        if data is None and not result.partitions:
+            log_.info("batch.empty", unmatched=result.unmatched)
+            return
+        table_meta = {**meta, METADATA_KEY: json.dumps({"checked": clock.to_cdm(checked_at),
+                                                        "partitions": result.partitions})}
+        try:
+            if self.cfg.cdc.keyed:
+                self._merge(data, batch_id, table_meta, checked_at, result, snapshot_file)
+            else:
+                self._append(data, batch_id, meta, table_meta, checked_at, log_)
+        except BaseException:
+            self._next_offset = None  # unknown whether the changelog committed: re-read it next time
+            raise
+        log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
+                  quarantined=len(bad), unmatched=result.unmatched)
+
+    def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
+                checked_at: datetime, log_: Any) -> None:
+        writes = []
+        if data is not None and not self.done(self.sinks.changelog, batch_id):
+            first = self._offset_start()
+            changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)
+            writes.append(lambda: self.sinks.changelog.append(changelog, self.app_id, batch_id, meta))
+            self._next_offset = first + data.num_rows
+        if not self.done(self.sinks.table, batch_id):
+            schema = self.sinks.table.schema()
+            rows = data.drop_columns(["source_file"]) if data is not None else \
+                schema.empty_table() if schema is not None else None
+            if rows is not None:
+                writes.append(lambda: self.sinks.table.append(rows, self.app_id, batch_id, table_meta))
+            else:
+                log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
+        # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
+        futures = [self._writers.submit(write) for write in writes]
+        wait(futures)  # never leave a write running behind a failed batch
+        for future in futures:
+            future.result()
+
+    def _merge(self, data: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
+               result: BatchResult, snapshot_file: str | None) -> None:
+        keys = self.cfg.cdc.primary_key
+        schema = self.sinks.table.schema()
+        if data is None and snapshot_file is not None and schema is not None:
+            # An empty snapshot still says what the state is: nothing.
+            data = schema.empty_table().append_column(cdc.KIND, pa.array([], pa.string())).append_column(
+                cdc.ORDER, pa.array([], pa.int64())).append_column("source_file", pa.array([], pa.string()))
+        reduced = cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
+        if self.done(self.sinks.table, batch_id):
+            version = self.sinks.table.version_of(self.app_id, batch_id)
+        elif reduced is not None:
+            source = reduced.drop_columns([cdc.ORDER, "source_file"])
+            plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND])
+            version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
+        else:
+            return
+        if version is None or reduced is None or self.done(self.sinks.changelog, batch_id):
+            return
+        changes = self.sinks.table.changes(version)
+        result.changes = changes.num_rows
+        if changes.num_rows:
+            first = self._offset_start()
+            rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at,
+                                      self.cfg.event_time_column)
+            self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+            self._next_offset = first + rows.num_rows
+
+    def _offset_start(self) -> int:
+        if self._next_offset is None:
+            last = self.sinks.changelog.max_of("offset")
+            self._next_offset = 0 if last is None else int(last) + 1
+        return self._next_offset
