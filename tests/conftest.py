@@ -13,6 +13,13 @@ import yaml
 
 os.environ.setdefault("TZ", "UTC")  # the CDM SDK's local adapter reports local time as UTC
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _logs_to_stderr():
+    from lakefeed import log
+
+    log.configure("INFO", json=False)  # as the daemon does: stdout stays for command output
+
 T = TypeVar("T")
 
 

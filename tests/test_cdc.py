@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from lakefeed import config
 from lakefeed.inbox import FileEvent
+from lakefeed.verify import verify
 from tests.cdc_model import Model
 from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _prepared
@@ -96,6 +97,7 @@ def test_strategy_matches_reference_model(strategy, sequence, data, update_of_ab
             assert lake.state() == model.state
         assert lake.changelog() == model.changelog
         assert lake.quarantined() == model.quarantined
+        assert verify(lake.cfg) == []
 
 
 def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_completed(tmp_path, monkeypatch):
@@ -154,3 +156,27 @@ def test_dataverse_style_upsert_and_delete_partitions_out_of_order(tmp_path):
                    for p in doc["entities"][0]["incrementalPartitions"]}
     assert incremental == {"account/2024-01-02/Upserts/1.csv": "Upsert", "account/2024-01-01/Upserts/1.csv": "Upsert",
                            "account/2024-01-01/Deletes/1.csv": "Delete", "account/2024-01-03/Deletes/1.csv": "Delete"}
+
+
+def test_verify_command_detects_a_changelog_that_does_not_replay(tmp_path, capsys):
+    from deltalake import write_deltalake
+
+    from lakefeed import cli
+
+    lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
+    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c"}
+    lake.batch([[row, {**row, "k": 2}]])
+    lake.batch([[{**row, "v": "b"}]])
+    config_file = tmp_path / "lakefeed.yaml"
+    capsys.readouterr()
+    assert cli.main(["verify", "--config", str(config_file)]) == 0
+    assert capsys.readouterr().out == "sales: ok\n"
+    # tamper: drop the correction's correct-from row
+    changelog = DeltaTable(str(lake.cfg.changelog)).to_pyarrow_table()
+    import pyarrow.compute as pc
+
+    write_deltalake(str(lake.cfg.changelog), changelog.filter(pc.not_equal(changelog["op"], 2)), mode="overwrite")
+    capsys.readouterr()
+    assert cli.main(["verify", "--config", str(config_file)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("sales: ") and "offsets must be dense" in out
