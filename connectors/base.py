@@ -67,5 +67,9 @@ class TableSink(ABC):
         (insert, delete, update_preimage, update_postimage)."""
 
     @abstractmethod
+    def latest_metadata(self, key: str, app_id: str, before: int) -> str | None:
+        """The newest commit metadata value of `key`, ignoring commits of `app_id` for versions >= `before`."""
+
+    @abstractmethod
     def version_of(self, app_id: str, version: int) -> int | None:
         """The table version whose commit recorded (app_id, version), if it is still in the log."""

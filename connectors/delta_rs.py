@@ -65,6 +65,11 @@ class DeltaRsSink(TableSink):
             ),
         )
 
+    def record(self, data: pa.Table, metadata: dict[str, str]) -> None:
+        """A commit that belongs to no batch (e.g. an operator moving the watermark)."""
+        write_deltalake(self.uri, data, mode="append", storage_options=self._options,
+                        commit_properties=CommitProperties(custom_metadata=metadata))
+
     def schema(self) -> pa.Schema | None:
         table = self._load()
         return pa.schema(table.schema().to_arrow()) if table is not None else None
@@ -132,6 +137,18 @@ class DeltaRsSink(TableSink):
         assert table is not None
         changes = pa.table(table.load_cdf(starting_version=table_version, ending_version=table_version).read_all())
         return changes.cast(delta_compatible(changes.schema))
+
+    def latest_metadata(self, key: str, app_id: str, before: int) -> str | None:
+        table = self._load()
+        if table is None:
+            return None
+        for depth in (8, 1000):  # the newest commits nearly always carry it: read few first
+            for commit in table.history(limit=depth):
+                if commit.get("lakefeed.app_id") == app_id and int(commit.get("lakefeed.batch_id", -1)) >= before:
+                    continue
+                if key in commit:
+                    return str(commit[key])
+        return None
 
     def version_of(self, app_id: str, version: int) -> int | None:
         table = self._load()

@@ -12,6 +12,7 @@ with the old row), update → 2 correct-from (-C, old values) immediately follow
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 
 from lakefeed.changelog import assemble
 from lakefeed.config import CdcConfig
+from lakefeed.event_time import EVENT_TIME
 from lakefeed.read import BadRow
 
 KIND, ORDER = "__kind", "__order"
@@ -86,11 +88,14 @@ def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[
     return data.filter(pa.array(keep)), _bad(data, bad_rows)
 
 
-def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
-    import json
+def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
+    """Every row of `data` as a quarantined row with the same reason."""
+    return _bad(data, dict.fromkeys(range(data.num_rows), reason))
 
+
+def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
     out = []
-    visible = [c for c in data.column_names if c not in (KIND, ORDER, "source_file")]
+    visible = [c for c in data.column_names if c != "source_file" and not c.startswith("__")]
     for i, reason in sorted(reasons.items()):
         row = data.slice(i, 1).to_pylist()[0]
         raw = json.dumps({k: None if row[k] is None else str(row[k]) for k in visible})
@@ -131,7 +136,7 @@ def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
 
 
 def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], first_offset: int, batch_id: int,
-                   system_time: datetime, event_time_column: str | None) -> pa.Table:
+                   system_time: datetime) -> pa.Table:
     """Changelog rows from a merge's change data (`_change_type`), in key order, -C right before +C."""
     change = changes.column("_change_type").to_pylist()
     ops = pa.array([_OPS[c] for c in change], pa.int8())
@@ -141,15 +146,13 @@ def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], f
     ops = data.column("__op")
     data = data.drop_columns(["__op"])
     n = data.num_rows
-    provenance = source.select([*keys, "source_file"] + ([event_time_column] if event_time_column else []))
-    if event_time_column:
-        provenance = provenance.rename_columns([*keys, "source_file", "__event_time"])
+    # A change's event time and file are those of the batch row that caused it; a key a snapshot
+    # dropped has no row, so its retraction takes the system time.
+    provenance = source.select([*keys, "source_file", EVENT_TIME])
     joined = data.select(list(keys)).append_column("__row", pa.array(np.arange(n))).join(
         provenance, keys=list(keys), join_type="left outer").sort_by("__row")
     system = pa.array(np.full(n, int(system_time.timestamp() * 1_000_000), dtype="datetime64[us]")).cast(_TS)
-    event = system
-    if event_time_column:
-        event = pc.coalesce(joined.column("__event_time").cast(_TS), system)
+    event = pc.coalesce(joined.column(EVENT_TIME), system)
     front = pa.table({
         "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
         "op": ops, "system_time": system, "event_time": event,

@@ -13,6 +13,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
+from lakefeed.event_time import EVENT_TIME
 from lakefeed.read import BadRow
 
 OP_APPEND = 0
@@ -24,19 +25,22 @@ QUARANTINE_SCHEMA = pa.schema([
 ])
 
 
-def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_time: datetime,
-                    event_time_column: str | None) -> pa.Table:
+def build_changelog(data: pa.Table, first_offset: int, batch_id: int, system_time: datetime) -> pa.Table:
+    """Appends (op 0) for every row; `data` carries `source_file` and `__event_time`."""
     n = data.num_rows
     micros = int(system_time.timestamp() * 1_000_000)
-    system = pa.array(np.full(n, micros, dtype="datetime64[us]")).cast(_TS)
-    event = data.column(event_time_column).cast(_TS) if event_time_column else system
     front = pa.table({
         "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
         "op": pa.array(np.full(n, OP_APPEND, dtype=np.int8)),
-        "system_time": system,
-        "event_time": event,
+        "system_time": pa.array(np.full(n, micros, dtype="datetime64[us]")).cast(_TS),
+        "event_time": data.column(EVENT_TIME),
     })
-    return assemble(front, data.drop_columns(["source_file"]), data.column("source_file"), batch_id)
+    return assemble(front, data_columns(data), data.column("source_file"), batch_id)
+
+
+def data_columns(data: pa.Table) -> pa.Table:
+    """The rows without lakefeed's working columns (provenance, change kind, order, event time)."""
+    return data.drop_columns([c for c in data.column_names if c == "source_file" or c.startswith("__")])
 
 
 def assemble(front: pa.Table, data: pa.Table, source_file: pa.ChunkedArray | pa.Array, batch_id: int) -> pa.Table:

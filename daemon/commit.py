@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakefeed import cdc, clock
-from lakefeed.changelog import build_changelog, quarantine_table
+from lakefeed import cdc, clock, event_time
+from lakefeed.changelog import build_changelog, data_columns, quarantine_table
 from lakefeed.config import EntityConfig
 from lakefeed.connectors.base import TableSink
 from lakefeed.connectors.delta_rs import DeltaRsSink
@@ -46,6 +46,7 @@ class BatchResult:
     quarantined: int = 0
     unmatched: int = 0
     changes: int = 0
+    late: int = 0
     skipped: bool = False
     partitions: list[dict[str, Any]] = field(default_factory=list)
 
@@ -62,6 +63,11 @@ class Committer:
         version = sink.committed_version(self.app_id)
         return version is not None and version >= batch_id
 
+    def watermark_before(self, batch_id: int) -> datetime | None:
+        """The watermark as it stood before this batch (a replay must see what the first run saw)."""
+        value = self.sinks.table.latest_metadata(event_time.WATERMARK_KEY, self.app_id, batch_id)
+        return clock.from_cdm(value) if value else None
+
     def commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
                checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
         """Commit a batch; `snapshot_file` is the location of the batch's last file for snapshot entities."""
@@ -70,6 +76,18 @@ class Committer:
         if self.cfg.cdc.keyed and data is not None:
             data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
             bad = [*bad, *bad_kinds]
+        watermark = self.watermark_before(batch_id)
+        if data is not None and self.cfg.event_time.late_policy != "apply":
+            late = event_time.late_mask(data, watermark)
+            if late.any():
+                result.late = int(late.sum())
+                if self.cfg.event_time.late_policy == "quarantine":
+                    reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
+                    bad = [*bad, *cdc.bad_rows(data.filter(pa.array(late)), reason)]
+                else:
+                    log_.info("rows.late_dropped", rows=result.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
+                data = data.filter(pa.array(~late))
+        new_watermark = event_time.advance(watermark, data, self.cfg.event_time)
         if bad and not self.done(self.sinks.quarantine, batch_id):
             self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
                                          self.app_id, batch_id, meta)
@@ -82,6 +100,8 @@ class Committer:
             return
         table_meta = {**meta, METADATA_KEY: json.dumps({"checked": clock.to_cdm(checked_at),
                                                         "partitions": result.partitions})}
+        if new_watermark is not None:
+            table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
         try:
             if self.cfg.cdc.keyed:
                 self._merge(data, batch_id, table_meta, checked_at, result, snapshot_file)
@@ -91,19 +111,20 @@ class Committer:
             self._next_offset = None  # unknown whether the changelog committed: re-read it next time
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
-                  quarantined=len(bad), unmatched=result.unmatched)
+                  quarantined=len(bad), unmatched=result.unmatched, late=result.late,
+                  watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
                 checked_at: datetime, log_: Any) -> None:
         writes = []
         if data is not None and not self.done(self.sinks.changelog, batch_id):
             first = self._offset_start()
-            changelog = build_changelog(data, first, batch_id, checked_at, self.cfg.event_time_column)
+            changelog = build_changelog(data, first, batch_id, checked_at)
             writes.append(lambda: self.sinks.changelog.append(changelog, self.app_id, batch_id, meta))
             self._next_offset = first + data.num_rows
         if not self.done(self.sinks.table, batch_id):
             schema = self.sinks.table.schema()
-            rows = data.drop_columns(["source_file"]) if data is not None else \
+            rows = data_columns(data) if data is not None else \
                 schema.empty_table() if schema is not None else None
             if rows is not None:
                 writes.append(lambda: self.sinks.table.append(rows, self.app_id, batch_id, table_meta))
@@ -122,12 +143,14 @@ class Committer:
         if data is None and snapshot_file is not None and schema is not None:
             # An empty snapshot still says what the state is: nothing.
             data = schema.empty_table().append_column(cdc.KIND, pa.array([], pa.string())).append_column(
-                cdc.ORDER, pa.array([], pa.int64())).append_column("source_file", pa.array([], pa.string()))
+                cdc.ORDER, pa.array([], pa.int64())).append_column("source_file", pa.array([], pa.string())
+                                                                     ).append_column(event_time.EVENT_TIME,
+                                                                                     event_time.constant(checked_at, 0))
         reduced = cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
         if self.done(self.sinks.table, batch_id):
             version = self.sinks.table.version_of(self.app_id, batch_id)
         elif reduced is not None:
-            source = reduced.drop_columns([cdc.ORDER, "source_file"])
+            source = data_columns(reduced).append_column(cdc.KIND, reduced.column(cdc.KIND))
             plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND])
             version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
         else:
@@ -138,8 +161,7 @@ class Committer:
         result.changes = changes.num_rows
         if changes.num_rows:
             first = self._offset_start()
-            rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at,
-                                      self.cfg.event_time_column)
+            rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
             self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
             self._next_offset = first + rows.num_rows
 

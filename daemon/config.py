@@ -133,6 +133,30 @@ class CdcConfig(_Frozen):
         return self.strategy != "append"
 
 
+class EventTimeConfig(_Frozen):
+    """Where each row's event time comes from, and how far behind the watermark a row may arrive."""
+
+    source: Literal["system", "column", "path", "file_mtime"] = "system"
+    column: str | None = Field(default=None, description="source=column: a timestamp column of the rows.")
+    path_pattern: str | None = Field(
+        default=None, description="source=path: a regex whose first group, found in the file's location, "
+                                  "is the time (ODF EventTimeSource::FromPath).")
+    path_format: str = Field(default="%Y-%m-%d", description="source=path: strptime format of that group.")
+    allowed_lateness_s: float = Field(default=0.0, ge=0, description="watermark = max event time - this.")
+    late_policy: Literal["apply", "quarantine", "drop"] = "apply"
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> EventTimeConfig:
+        if self.source == "column" and not self.column:
+            raise ValueError("source column needs column")
+        if self.source == "path":
+            if not self.path_pattern:
+                raise ValueError("source path needs path_pattern")
+            if re.compile(self.path_pattern).groups < 1:
+                raise ValueError("path_pattern needs a group capturing the time")
+        return self
+
+
 class LocalDirSource(_Frozen):
     type: Literal["local_dir"] = "local_dir"
     path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
@@ -146,7 +170,7 @@ class EntityConfig(_Frozen):
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
     patterns: tuple[PatternSpec, ...] = ()
     format: FileFormat = CsvFormat()
-    event_time_column: str | None = None
+    event_time: EventTimeConfig = EventTimeConfig()
     cdc: CdcConfig = CdcConfig()
     table: ResolvedPath
     changelog: ResolvedPath

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from lakefeed import cdc, clock, log
+from lakefeed import cdc, clock, event_time, log
 from lakefeed.commit import BatchResult, Committer, Sinks
 from lakefeed.config import EntityConfig
 from lakefeed.connectors import cdm_manifest
@@ -82,11 +82,11 @@ class EntityPipeline:
                 matched.append((rec, partition))
         if target is None and matched:
             # The first file ever fixes the table's types; the others are read against them.
-            first = self._read(*matched[0], None, log_)
+            first = self._read(*matched[0], None, checked_at, log_)
             target = first[1].schema if first is not None and first[1] is not None else None
-            reads = [first, *self._reads.map(lambda m: self._read(*m, target, log_), matched[1:])]
+            reads = [first, *self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched[1:])]
         else:
-            reads = list(self._reads.map(lambda m: self._read(*m, target, log_), matched))
+            reads = list(self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched))
         tables: list[pa.Table] = []
         bad: list[tuple[str, BadRow]] = []
         for (rec, partition), read in zip(matched, reads, strict=True):
@@ -99,9 +99,6 @@ class EntityPipeline:
             result.files += 1
             result.partitions.append(partition_record(partition, clock.to_cdm(clock.from_ns(rec.mtime_ns))))
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        if data is not None and self.cfg.event_time_column:
-            data, late_bad = _event_times(data, self.cfg.event_time_column)
-            bad.extend(late_bad)
         snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
                               if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
         self.committer().commit(data, bad, result, checked_at, log_, snapshot_file)
@@ -119,9 +116,10 @@ class EntityPipeline:
                       arguments=partition.arguments, incremental=partition.incremental_type)
         return partition
 
-    def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None,
+    def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None, checked_at: datetime,
               log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
-        """(location, rows with partition columns, bad rows), or None when the file is not there to read."""
+        """(location, rows with partition columns, provenance, change kind and event time, bad rows),
+        or None when the file is not there to read."""
         path = Path(rec.path)
         try:
             st = path.stat()
@@ -147,7 +145,8 @@ class EntityPipeline:
             reason = (f"a {partition.incremental_type} partition needs a keyed entity: set cdc.strategy and "
                       "cdc.primary_key to apply it")
             return location, None, [*read.bad, BadRow(None, reason, f"{table.num_rows} rows not applied")]
-        return location, table, read.bad
+        table, bad_times = event_time.stamp(table, self.cfg.event_time, location, rec.mtime_ns, checked_at)
+        return location, table, [*read.bad, *bad_times]
 
     def _declared_schema(self, entity: dict) -> pa.Schema | None:
         document = schema_document(self.root, entity)
@@ -168,26 +167,5 @@ def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Sc
     """The file's part of a schema: partition arguments come from the path, provenance from lakefeed."""
     if schema is None:
         return None
-    return pa.schema([f for f in schema if f.name not in arguments and f.name != "source_file"])
-
-
-def _event_times(data: pa.Table, column: str) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
-    if column not in data.column_names:
-        return data, [(p, BadRow(None, f"event time column {column!r} is missing", ""))
-                      for p in pc.unique(data.column("source_file")).to_pylist()]
-    values = data.column(column)
-    try:
-        pc.cast(values, pa.timestamp("us", tz="UTC"))
-        return data, []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    ok, bad = [], []
-    for i, v in enumerate(values.to_pylist()):
-        try:
-            pa.scalar(v).cast(pa.timestamp("us", tz="UTC"))
-            ok.append(True)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            ok.append(False)
-            bad.append((data.column("source_file")[i].as_py(),
-                        BadRow(None, f"event time {v!r} in column {column!r} is not a timestamp", str(v))))
-    return data.filter(pa.array(ok)), bad
+    return pa.schema([f for f in schema if f.name not in arguments and f.name != "source_file"
+                      and not f.name.startswith("__")])

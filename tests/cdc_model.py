@@ -9,6 +9,7 @@ ops in key order, a correction as (-C old, +C new).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 APPEND, RETRACT, CORRECT_FROM, CORRECT_TO = 0, 1, 2, 3
 KIND = {"ledger": "insert", "snapshot": "snapshot", "upsert": "upsert", "delete": "delete", "insert": "insert",
@@ -23,6 +24,10 @@ class Model:
     key: str = "k"
     sequence: tuple[str, ...] = ()
     update_of_absent: str = "insert"
+    event_time: str | None = None  # the event time column, if watermarks are modelled
+    lateness: timedelta = timedelta(0)
+    late_policy: str = "apply"
+    watermark: datetime | None = None
     state: dict = field(default_factory=dict)
     changelog: list = field(default_factory=list)  # (op, row)
     quarantined: int = 0
@@ -41,6 +46,14 @@ class Model:
                     self.quarantined += 1
                     continue
                 changes.append((kind, (f, i), row))
+        if self.event_time and self.watermark is not None and self.late_policy != "apply":
+            late = [c for c in changes if c[2][self.event_time] < self.watermark]
+            changes = [c for c in changes if c[2][self.event_time] >= self.watermark]
+            if self.late_policy == "quarantine":
+                self.quarantined += len(late)
+        if self.event_time and changes:
+            latest = max(c[2][self.event_time] for c in changes) - self.lateness
+            self.watermark = latest if self.watermark is None else max(self.watermark, latest)
         if self.strategy == "snapshot":  # the batch's last file is the whole state, even when empty
             changes = [c for c in changes if c[1][0] == len(files) - 1]
         elif not changes:

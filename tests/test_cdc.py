@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,19 @@ from tests.cdc_model import Model
 from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _prepared
 
-COLUMNS = ["k", "v", "seq", "IsDelete", "op"]
+COLUMNS = ["k", "v", "seq", "IsDelete", "op", "et"]
 SCHEMA_DOC = {"jsonSchemaSemanticVersion": "1.0.0", "definitions": [{"entityName": "sales", "hasAttributes": [
     {"name": "k", "dataFormat": "Int64"}, {"name": "v", "dataFormat": "String"},
     {"name": "seq", "dataFormat": "Int64"}, {"name": "IsDelete", "dataFormat": "Boolean"},
-    {"name": "op", "dataFormat": "String"}]}]}
+    {"name": "op", "dataFormat": "String"}, {"name": "et", "dataFormat": "DateTime"}]}]}
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def _cell(value) -> str:
     if value is None:
         return ""
+    if isinstance(value, datetime):
+        return value.isoformat()
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -39,10 +43,11 @@ def _csv(rows: list[dict]) -> str:
 class Lake:
     """One entity with a CDC strategy, fed batch by batch through EntityPipeline.process."""
 
-    def __init__(self, root: Path, cdc: dict) -> None:
+    def __init__(self, root: Path, cdc: dict, event_time: dict | None = None) -> None:
         (root / "landing").mkdir(parents=True)
         (root / "landing" / "sales.cdm.json").write_text(json.dumps(SCHEMA_DOC))
-        entity = entity_yaml(cdc=cdc, patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.csv"}])
+        entity = entity_yaml(cdc=cdc, patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.csv"}],
+                             event_time=event_time or {})
         self.cfg, self.pipeline, self.inbox = _prepared(config.load(write_config(root, [entity])).entities[0])
         self.batches = 0
 
@@ -77,6 +82,7 @@ rows = st.lists(st.fixed_dictionaries({
     "seq": st.integers(0, 3),
     "IsDelete": st.booleans(),
     "op": st.sampled_from(["c", "u", "d", "r", "x"]),
+    "et": st.integers(0, 10).map(lambda m: T0 + timedelta(minutes=m)),
 }), max_size=5)
 batches = st.lists(st.lists(rows, min_size=1, max_size=3), min_size=1, max_size=4)
 STRATEGIES = ["ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "insert", "update", "changelog"]
@@ -85,12 +91,15 @@ STRATEGIES = ["ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "in
 @pytest.mark.parametrize("sequence", [(), ("seq",)], ids=["arrival", "sequence_by"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=batches, update_of_absent=st.sampled_from(["insert", "ignore"]))
-def test_strategy_matches_reference_model(strategy, sequence, data, update_of_absent):
-    model = Model(strategy, sequence=sequence, update_of_absent=update_of_absent)
+@given(data=batches, update_of_absent=st.sampled_from(["insert", "ignore"]),
+       late_policy=st.sampled_from(["apply", "quarantine", "drop"]))
+def test_strategy_matches_reference_model(strategy, sequence, data, update_of_absent, late_policy):
+    model = Model(strategy, sequence=sequence, update_of_absent=update_of_absent, event_time="et",
+                  lateness=timedelta(minutes=2), late_policy=late_policy)
     with tempfile.TemporaryDirectory() as tmp:
         lake = Lake(Path(tmp), {"strategy": strategy, "primary_key": ["k"], "sequence_by": list(sequence),
-                                "update_of_absent": update_of_absent})
+                                "update_of_absent": update_of_absent},
+                    {"source": "column", "column": "et", "allowed_lateness_s": 120, "late_policy": late_policy})
         for files in data:
             model.apply_batch(files)
             lake.batch(files)
@@ -102,11 +111,11 @@ def test_strategy_matches_reference_model(strategy, sequence, data, update_of_ab
 
 def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_completed(tmp_path, monkeypatch):
     lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
-    lake.batch([[{"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c"}]])
+    lake.batch([[{"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}]])
     changelog = lake.pipeline.sinks.changelog
     monkeypatch.setattr(changelog, "append", lambda *a: (_ for _ in ()).throw(RuntimeError("killed")))
     path = land(lake.cfg.source.path / "data" / "b1.csv", _csv([{"k": 1, "v": "b", "seq": 1, "IsDelete": False,
-                                                                 "op": "u"}]))
+                                                                 "op": "u", "et": T0}]))
     records = lake.inbox.offer([FileEvent.of(path)])
     with pytest.raises(RuntimeError):
         lake.pipeline.process(records, 1)
@@ -144,7 +153,7 @@ def test_dataverse_style_upsert_and_delete_partitions_out_of_order(tmp_path):
         paths = [land(landing / "account" / name, _csv(rows)) for name, rows in files]
         pipeline.process(inbox.offer([FileEvent.of(p) for p in paths]), batch_id)
 
-    r = lambda k, v, seq: {"k": k, "v": v, "seq": seq, "IsDelete": False, "op": None}  # noqa: E731
+    r = lambda k, v, seq: {"k": k, "v": v, "seq": seq, "IsDelete": False, "op": None, "et": T0}  # noqa: E731
     deliver(0, ("2024-01-02/Upserts/1.csv", [r(1, "new", 2), r(2, "two", 2)]))
     deliver(1, ("2024-01-01/Upserts/1.csv", [r(1, "old", 1), r(3, "three", 1)]),  # older, arriving late
             ("2024-01-01/Deletes/1.csv", [r(2, None, 1)]))  # a delete older than the row it would remove
@@ -164,7 +173,7 @@ def test_verify_command_detects_a_changelog_that_does_not_replay(tmp_path, capsy
     from lakefeed import cli
 
     lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
-    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c"}
+    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}
     lake.batch([[row, {**row, "k": 2}]])
     lake.batch([[{**row, "v": "b"}]])
     config_file = tmp_path / "lakefeed.yaml"

@@ -1,0 +1,81 @@
+"""Event time sources, the watermark (recorded with the commit, moved by `lakefeed watermark advance`) and late rows."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+from deltalake import DeltaTable
+
+from lakefeed import cli, config
+from lakefeed.inbox import FileEvent
+from tests.conftest import entity_yaml, land, write_config
+from tests.test_pipeline import _prepared
+
+
+def _setup(tmp_path, event_time, cdc=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    entity = entity_yaml(event_time=event_time, cdc=cdc or {},
+                         patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/**/*.csv"}])
+    return _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+
+
+def _process(setup, batch_id, *files):
+    cfg, pipeline, inbox = setup
+    paths = [land(cfg.source.path / "data" / name, text) for name, text in files]
+    return pipeline.process(inbox.offer([FileEvent.of(p) for p in paths]), batch_id)
+
+
+def _changelog(cfg):
+    return DeltaTable(str(cfg.changelog)).to_pyarrow_table().sort_by("offset").to_pylist()
+
+
+def test_event_time_from_the_path_and_from_file_mtime(tmp_path):
+    setup = _setup(tmp_path / "a", {"source": "path", "path_pattern": r"/(\d{4}-\d{2}-\d{2})/",
+                                    "path_format": "%Y-%m-%d"})
+    _process(setup, 0, ("2024-01-05/x.csv", "id\n1\n"), ("undated.csv", "id\n2\n"))
+    rows = _changelog(setup[0])
+    assert [(r["id"], r["event_time"]) for r in rows] == [(1, datetime(2024, 1, 5, tzinfo=UTC))]
+    quarantine = DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist()
+    assert quarantine[0]["source_file"] == "data/undated.csv" and "does not match" in quarantine[0]["reason"]
+
+    cfg, pipeline, inbox = setup = _setup(tmp_path / "b", {"source": "file_mtime"})
+    path = land(cfg.source.path / "data" / "m.csv", "id\n1\n")
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    pipeline.process(inbox.offer([FileEvent.of(path)]), 0)
+    assert _changelog(cfg)[0]["event_time"] == datetime.fromtimestamp(1_700_000_000, UTC)
+
+
+def test_unparseable_event_times_are_quarantined_and_the_rest_commits(tmp_path):
+    setup = _setup(tmp_path, {"source": "column", "column": "ts"})
+    result = _process(setup, 0, ("a.csv", "id,ts\n1,2024-01-01T00:00:00Z\n2,yesterday\n"))
+    assert (result.rows, result.quarantined) == (1, 1)
+    quarantine = DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist()
+    assert "'yesterday' in column 'ts' is not a timestamp" in quarantine[0]["reason"]
+
+
+def test_watermark_moves_forward_with_commits_and_by_command_and_late_rows_are_quarantined(tmp_path, capsys):
+    setup = _setup(tmp_path, {"source": "column", "column": "ts", "allowed_lateness_s": 3600,
+                              "late_policy": "quarantine"}, {"strategy": "upsert", "primary_key": ["id"]})
+    cfg = setup[0]
+    _process(setup, 0, ("a.csv", "id,ts\n1,2024-01-01T10:00:00Z\n2,2024-01-01T12:00:00Z\n"))
+    history = DeltaTable(str(cfg.table)).history()
+    assert history[0]["lakefeed.watermark"] == "2024-01-01T11:00:00.000Z"  # max event time - 1 h
+    result = _process(setup, 1, ("b.csv", "id,ts\n3,2024-01-01T10:30:00Z\n4,2024-01-01T11:30:00Z\n"))
+    assert (result.rows, result.late, result.quarantined) == (1, 1, 1)  # 10:30 is behind 11:00
+    assert DeltaTable(str(cfg.table)).history()[0]["lakefeed.watermark"] == "2024-01-01T11:00:00.000Z"
+
+    config_file = str(tmp_path / "lakefeed.yaml")
+    assert cli.main(["watermark", "advance", "--config", config_file, "--entity", "sales",
+                     "--to", "2024-01-02T00:00:00Z"]) == 0
+    assert "advanced to 2024-01-02T00:00:00.000Z" in capsys.readouterr().out
+    assert cli.main(["watermark", "advance", "--config", config_file, "--entity", "sales",
+                     "--to", "2024-01-01T00:00:00Z"]) == 0  # never backwards
+    assert "stays at 2024-01-02T00:00:00.000Z" in capsys.readouterr().out
+    result = _process(setup, 2, ("c.csv", "id,ts\n5,2024-01-01T23:00:00Z\n6,2024-01-02T01:00:00Z\n"))
+    assert (result.rows, result.late) == (1, 1)
+    ids = sorted(r["id"] for r in DeltaTable(str(cfg.table)).to_pyarrow_table().to_pylist())
+    assert ids == [1, 2, 4, 6]
+    reasons = [r["reason"] for r in DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()]
+    assert sorted(reasons) == ["late: event time behind the watermark 2024-01-01T11:00:00.000Z",
+                               "late: event time behind the watermark 2024-01-02T00:00:00.000Z"]
