@@ -62,6 +62,10 @@ class TableSink(ABC):
         """
 
     @abstractmethod
+    def present_keys(self, keys: pa.Table) -> pa.Table:
+        """The rows of `keys` (key columns only) that the table holds."""
+
+    @abstractmethod
     def changes(self, table_version: int) -> pa.Table:
         """What one commit changed, as change data rows with `_change_type`
         (insert, delete, update_preimage, update_postimage)."""

@@ -132,6 +132,16 @@ class DeltaRsSink(TableSink):
             assert table is not None
         return table.version()
 
+    def present_keys(self, keys: pa.Table) -> pa.Table:
+        table = self._load()
+        if table is None or keys.num_rows == 0:
+            return keys.slice(0, 0)
+        names = keys.column_names
+        # File statistics prune by the first key column; the join makes composite keys exact.
+        found = table.to_pyarrow_dataset().to_table(
+            columns=names, filter=pc.field(names[0]).isin(pc.unique(keys.column(names[0]))))
+        return keys.join(found.group_by(names).aggregate([]), keys=names, join_type="inner")
+
     def changes(self, table_version: int) -> pa.Table:
         table = self._load()
         assert table is not None

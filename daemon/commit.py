@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakefeed import cdc, clock, event_time
 from lakefeed.changelog import build_changelog, data_columns, quarantine_table
@@ -88,6 +90,12 @@ class Committer:
                     log_.info("rows.late_dropped", rows=result.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
                 data = data.filter(pa.array(~late))
         new_watermark = event_time.advance(watermark, data, self.cfg.event_time)
+        reduced = None
+        if self.cfg.cdc.keyed:
+            reduced = self._reduce(data, snapshot_file, checked_at)
+            if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
+                reduced, absent = self._absent_updates(reduced)
+                bad = [*bad, *absent]
         if bad and not self.done(self.sinks.quarantine, batch_id):
             self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
                                          self.app_id, batch_id, meta)
@@ -104,7 +112,7 @@ class Committer:
             table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
         try:
             if self.cfg.cdc.keyed:
-                self._merge(data, batch_id, table_meta, checked_at, result, snapshot_file)
+                self._merge(reduced, batch_id, table_meta, checked_at, result)
             else:
                 self._append(data, batch_id, meta, table_meta, checked_at, log_)
         except BaseException:
@@ -136,17 +144,36 @@ class Committer:
         for future in futures:
             future.result()
 
-    def _merge(self, data: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
-               result: BatchResult, snapshot_file: str | None) -> None:
-        keys = self.cfg.cdc.primary_key
+    def _reduce(self, data: pa.Table | None, snapshot_file: str | None, checked_at: datetime) -> pa.Table | None:
         schema = self.sinks.table.schema()
         if data is None and snapshot_file is not None and schema is not None:
             # An empty snapshot still says what the state is: nothing.
-            data = schema.empty_table().append_column(cdc.KIND, pa.array([], pa.string())).append_column(
-                cdc.ORDER, pa.array([], pa.int64())).append_column("source_file", pa.array([], pa.string())
-                                                                     ).append_column(event_time.EVENT_TIME,
-                                                                                     event_time.constant(checked_at, 0))
-        reduced = cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
+            data = schema.empty_table()
+            for name, column in ((cdc.KIND, pa.array([], pa.string())), (cdc.ORDER, pa.array([], pa.int64())),
+                                 ("source_file", pa.array([], pa.string())),
+                                 (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
+                data = data.append_column(name, column)
+        return cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
+
+    def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+        """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""
+        updates = pc.equal(reduced.column(cdc.KIND), "update").to_numpy(zero_copy_only=False)
+        if not updates.any():
+            return reduced, []
+        keys = list(self.cfg.cdc.primary_key)
+        present = self.sinks.table.present_keys(reduced.filter(pa.array(updates)).select(keys))
+        found = present.append_column("__present", pa.array(np.ones(present.num_rows, dtype=bool)))
+        marked = reduced.select(keys).append_column("__row", pa.array(np.arange(reduced.num_rows))).join(
+            found, keys=keys, join_type="left outer").sort_by("__row")
+        absent = updates & marked.column("__present").is_null().to_numpy(zero_copy_only=False)
+        if not absent.any():
+            return reduced, []
+        bad = cdc.bad_rows(reduced.filter(pa.array(absent)), "update of a key the table does not hold")
+        return reduced.filter(pa.array(~absent)), bad
+
+    def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
+               result: BatchResult) -> None:
+        keys = self.cfg.cdc.primary_key
         if self.done(self.sinks.table, batch_id):
             version = self.sinks.table.version_of(self.app_id, batch_id)
         elif reduced is not None:

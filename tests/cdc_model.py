@@ -88,6 +88,8 @@ class Model:
                     if kind in ("upsert", "insert") or (kind == "update" and self.update_of_absent == "insert"):
                         ops.append((k, [(APPEND, row)]))
                         self.state[k] = row
+                    elif kind == "update" and self.update_of_absent == "quarantine":
+                        self.quarantined += 1
                 elif kind == "delete" and newer:
                     ops.append((k, [(RETRACT, old)]))
                     del self.state[k]

@@ -91,7 +91,7 @@ STRATEGIES = ["ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "in
 @pytest.mark.parametrize("sequence", [(), ("seq",)], ids=["arrival", "sequence_by"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=batches, update_of_absent=st.sampled_from(["insert", "ignore"]),
+@given(data=batches, update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]),
        late_policy=st.sampled_from(["apply", "quarantine", "drop"]))
 def test_strategy_matches_reference_model(strategy, sequence, data, update_of_absent, late_policy):
     model = Model(strategy, sequence=sequence, update_of_absent=update_of_absent, event_time="et",
