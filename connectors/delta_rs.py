@@ -111,7 +111,9 @@ class DeltaRsSink(TableSink):
                              writer_properties=self._writer,
                              commit_properties=CommitProperties(custom_metadata=metadata,
                                                                 app_transactions=[Transaction(app_id, version)]))
-        changed = _changed(tuple(c for c in plan.compare if c in columns))
+        existing = set(pa.schema(table.schema().to_arrow()).names)
+        changed = _changed(tuple(c for c in plan.compare if c in columns and c in existing),
+                           tuple(c for c in plan.compare if c in columns and c not in existing))
         if plan.snapshot:
             merger = (merger.when_matched_update(values, predicate=changed)
                       .when_not_matched_insert(values)
@@ -193,5 +195,8 @@ def _newer(seq: tuple[str, ...]) -> str:
     return " OR ".join(clauses)
 
 
-def _changed(columns: tuple[str, ...]) -> str:
-    return " OR ".join(f"({_col('t', c)} IS DISTINCT FROM {_col('s', c)})" for c in columns) or "FALSE"
+def _changed(columns: tuple[str, ...], new_columns: tuple[str, ...] = ()) -> str:
+    """A matched row changes if a compared column differs, or a column the table gains gets a value."""
+    clauses = [f"({_col('t', c)} IS DISTINCT FROM {_col('s', c)})" for c in columns]
+    clauses += [f"({_col('s', c)} IS NOT NULL)" for c in new_columns]
+    return " OR ".join(clauses) or "FALSE"

@@ -79,3 +79,17 @@ def test_watermark_moves_forward_with_commits_and_by_command_and_late_rows_are_q
     reasons = [r["reason"] for r in DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()]
     assert sorted(reasons) == ["late: event time behind the watermark 2024-01-01T11:00:00.000Z",
                                "late: event time behind the watermark 2024-01-02T00:00:00.000Z"]
+
+
+def test_additive_schema_evolution_reaches_table_and_changelog_and_type_changes_are_quarantined(tmp_path):
+    for cdc in ({}, {"strategy": "upsert", "primary_key": ["id"]}):
+        root = tmp_path / (cdc.get("strategy") or "append")
+        setup = _setup(root, {}, cdc)
+        cfg = setup[0]
+        _process(setup, 0, ("a.csv", "id,v\n1,a\n"))
+        result = _process(setup, 1, ("b.csv", "id,v,w\n2,b,2.5\nthree,c,1\n"))
+        assert (result.rows, result.quarantined) == (1, 1)  # "three" is no int64 id
+        table = DeltaTable(str(cfg.table)).to_pyarrow_table().sort_by("id").to_pylist()
+        assert [(r["id"], r["v"], r["w"]) for r in table] == [(1, "a", None), (2, "b", 2.5)]
+        changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table().sort_by("offset").to_pylist()
+        assert [(r["id"], r["w"]) for r in changelog] == [(1, None), (2, 2.5)]
