@@ -158,3 +158,33 @@ def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], f
         "op": ops, "system_time": system, "event_time": event,
     })
     return assemble(front, data, joined.column("source_file"), batch_id)
+
+
+def unwrap_debezium(table: pa.Table) -> pa.Table:
+    """Debezium envelopes to rows: a delete's fields from `before`, every other op's from `after`;
+    `op` kept, `ts_ms` (epoch milliseconds) as a UTC timestamp."""
+    n = table.num_rows
+    is_delete = pc.fill_null(pc.equal(table.column("op"), "d"), False)
+    sides = {}
+    for side in ("before", "after"):
+        column = table.column(side) if side in table.column_names else pa.nulls(n)
+        sides[side] = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    names: list[str] = []
+    for side in sides.values():
+        if pa.types.is_struct(side.type):
+            names += [f.name for f in side.type if f.name not in names]
+    columns = {}
+    for name in names:
+        values = {}
+        for side, array in sides.items():
+            values[side] = array.field(name) if pa.types.is_struct(array.type) and \
+                array.type.get_field_index(name) >= 0 else None
+        present = [v for v in values.values() if v is not None]
+        kind = present[0].type if all(v.type == present[0].type for v in present) else pa.string()
+        before = values["before"].cast(kind) if values["before"] is not None else pa.nulls(n, kind)
+        after = values["after"].cast(kind) if values["after"] is not None else pa.nulls(n, kind)
+        columns[name] = pc.if_else(is_delete, before, after)
+    columns["op"] = table.column("op")
+    if "ts_ms" in table.column_names:
+        columns["ts_ms"] = table.column("ts_ms").cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TS)
+    return pa.table(columns)

@@ -115,6 +115,8 @@ class CdcConfig(_Frozen):
     delete_values: tuple[str, ...] = ("true", "True", "TRUE", "1")
     update_of_absent: Literal["insert", "ignore", "quarantine"] = "insert"
     op_column: str = Field(default="op", description="changelog: the column holding each row's operation.")
+    debezium: bool = Field(default=False, description="changelog: rows are Debezium envelopes "
+                                                      "(before, after, op, ts_ms); ts_ms becomes a timestamp.")
     op_values: dict[str, ChangeKind] = Field(
         default_factory=lambda: {"c": "insert", "r": "upsert", "u": "upsert", "d": "delete",
                                  "insert": "insert", "update": "update", "upsert": "upsert", "delete": "delete"},
@@ -126,6 +128,8 @@ class CdcConfig(_Frozen):
             raise ValueError(f"strategy {self.strategy} needs primary_key")
         if self.strategy == "append" and (self.sequence_by or self.primary_key):
             raise ValueError("strategy append takes no primary_key or sequence_by; use ledger or upsert")
+        if self.debezium and self.strategy != "changelog":
+            raise ValueError("debezium envelopes need strategy changelog")
         return self
 
     @property

@@ -24,7 +24,7 @@ from lakefeed.connectors import cdm_manifest
 from lakefeed.discovery import Discovery, Partition
 from lakefeed.inbox import InboxRecord
 from lakefeed.manifests import ManifestKeeper, ensure_entity, partition_record, schema_document
-from lakefeed.read import BadRow, read_file
+from lakefeed.read import BadRow, FileRead, conform, read_file
 from lakefeed.schema import from_entity_document
 
 _log = log.get(__name__)
@@ -130,11 +130,15 @@ class EntityPipeline:
             # Rewritten since it was enqueued: its new version has its own, later inbox record.
             log_.info("file.superseded", file=rec.path)
             return None
+        file_target = _without(target, partition.arguments)
         try:
-            read = read_file(path, self.cfg.format, _without(target, partition.arguments))
+            read = read_file(path, self.cfg.format, None if self.cfg.cdc.debezium else file_target)
         except FileNotFoundError:
             log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
             return None
+        if self.cfg.cdc.debezium and read.table is not None:
+            unwrapped = conform(cdc.unwrap_debezium(read.table), file_target)
+            read = FileRead(unwrapped.table, [*read.bad, *unwrapped.bad])
         location = partition.location
         if read.table is None:
             return location, None, read.bad

@@ -41,7 +41,7 @@ def read_file(path: Path, fmt: FileFormat, target: pa.Schema | None) -> FileRead
         if isinstance(fmt, CsvFormat):
             return _read_csv(path, fmt, target)
         if fmt.kind == "parquet":
-            return _conform(pq.read_table(path), target, first_line=None)
+            return conform(pq.read_table(path), target, first_line=None)
         return _read_json(path, fmt.kind, target)
     except FileNotFoundError:
         raise
@@ -76,7 +76,7 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
                                  column_types={f.name: f.type for f in target} if target else None)
     try:
         table = pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=typed)
-        result = _conform(table, target, first_line=2 if fmt.header else 1)
+        result = conform(table, target, first_line=2 if fmt.header else 1)
     except pa.ArrowInvalid as exc:
         if "conversion error" not in str(exc).lower() or "utf8" in str(exc).lower():
             raise
@@ -85,7 +85,7 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
         as_text = pacsv.ConvertOptions(null_values=nulls, strings_can_be_null=True,
                                        column_types={f.name: pa.string() for f in target or ()})
         table = pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=as_text)
-        result = _conform(table, target, first_line=2 if fmt.header else 1)
+        result = conform(table, target, first_line=2 if fmt.header else 1)
     if any(b.line is None for b in invalid):
         # Parallel parsing does not know line numbers; the rare file with bad rows is re-read serially.
         invalid.clear()
@@ -100,7 +100,7 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
 def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
     if kind == "ndjson":
         try:
-            return _conform(pajson.read_json(path), target, first_line=1)
+            return conform(pajson.read_json(path), target, first_line=1)
         except pa.ArrowInvalid:
             pass  # find the bad lines one by one below
         rows, bad = [], []
@@ -117,17 +117,17 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
                     rows.append(value)
                 else:
                     bad.append(BadRow(number, "a JSON line must hold an object", line.rstrip("\n")))
-        result = _conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
+        result = conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
         result.bad[:0] = bad
         return result
     document = json.loads(path.read_text(encoding="utf-8"))
     rows = document if isinstance(document, list) else [document]
     if not all(isinstance(r, dict) for r in rows):
         return FileRead(None, [BadRow(None, "a JSON file must hold an object or an array of objects", _head(path))])
-    return _conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
+    return conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
 
 
-def _conform(table: pa.Table, target: pa.Schema | None, first_line: int | None) -> FileRead:
+def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = None) -> FileRead:
     """Cast to the target schema (missing columns become null; new ones are kept for schema merge)."""
     compatible = delta_compatible(table.schema)
     if table.schema != compatible:

@@ -189,3 +189,30 @@ def test_verify_command_detects_a_changelog_that_does_not_replay(tmp_path, capsy
     assert cli.main(["verify", "--config", str(config_file)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("sales: ") and "offsets must be dense" in out
+
+
+def test_debezium_envelopes_become_changes_with_their_event_time(tmp_path):
+    entity = entity_yaml(format={"kind": "ndjson"},
+                         patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.json"}],
+                         cdc={"strategy": "changelog", "primary_key": ["id"], "debezium": True},
+                         event_time={"source": "column", "column": "ts_ms"})
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    events = [
+        {"before": None, "after": {"id": 1, "v": "a"}, "op": "c", "ts_ms": 1_700_000_000_000},
+        {"before": None, "after": {"id": 2, "v": "x"}, "op": "r", "ts_ms": 1_700_000_000_500},
+        {"before": {"id": 1, "v": "a"}, "after": {"id": 1, "v": "b"}, "op": "u", "ts_ms": 1_700_000_001_000},
+        {"before": {"id": 2, "v": "x"}, "after": None, "op": "d", "ts_ms": 1_700_000_002_000},
+        {"before": None, "after": {"id": 3, "v": "z"}, "op": "t", "ts_ms": 1_700_000_003_000},  # truncate: unknown
+    ]
+    path = land(cfg.source.path / "data" / "a.json", "".join(json.dumps(e) + "\n" for e in events[:2]))
+    pipeline.process(inbox.offer([FileEvent.of(path)]), 0)
+    path = land(cfg.source.path / "data" / "b.json", "".join(json.dumps(e) + "\n" for e in events[2:]))
+    result = pipeline.process(inbox.offer([FileEvent.of(path)]), 1)
+    assert result.quarantined == 1
+    table = DeltaTable(str(cfg.table)).to_pyarrow_table().to_pylist()
+    assert [(r["id"], r["v"]) for r in table] == [(1, "b")]
+    log = DeltaTable(str(cfg.changelog)).to_pyarrow_table().sort_by("offset").to_pylist()
+    assert [(r["op"], r["id"], r["v"]) for r in log] == [(0, 1, "a"), (0, 2, "x"), (2, 1, "a"), (3, 1, "b"),
+                                                         (1, 2, "x")]
+    assert log[4]["event_time"] == datetime.fromtimestamp(1_700_000_002, UTC)
+    assert verify(cfg) == []
