@@ -5,20 +5,29 @@ keys; with duplicate keys inside the batch and out-of-order sequences that must 
 applied to a table of 1M and of 10M rows, three ways, each in a fresh subprocess on its own
 fresh copy of the same table (the copy is not timed):
 
-* lakefeed: `Committer.commit` of the tagged batch, as the pipeline hands it over after reading
-  the files (strategy upsert_and_delete with a boolean `IsDelete` column, sequence_by `seq`):
-  resolve kinds, reduce, one delta-rs MERGE, the commit's change data feed, the changelog rows
-  and their append to the changelog table (which exists already, as in steady state).
+* lakefeed: `Committer.commit` of the batch as EntityPipeline hands it over after reading ten
+  files (rows + `source_file`, tagged with kind and arrival order, and stamped with an event time
+  where lakefeed has them), strategy upsert_and_delete (boolean `IsDelete` column), sequence_by
+  `seq`: resolve kinds, reduce, one delta-rs MERGE, the commit's change data feed, the changelog
+  rows and their append to the changelog table (which already exists, as in steady state).
 * bare: the batch reduced beforehand (not timed), then one plain `DeltaTable.merge` (delete when
   flagged and newer, update_all when newer, insert_all when not flagged) on the same table with
   the change data feed enabled, as lakefeed's tables have it.
 * bare_nocdf: the same merge with the change data feed turned off (extra information).
 
-Timed: the call only (the table is opened beforehand in both). Memory, per child: the peak
-resident size during the call (VmHWM reset right before it), its growth over the resident size
-right before the call, and the peak of the whole child. (ru_maxrss is reported too, but on Linux
-it starts from the parent's peak, which holds the generated table, so it says little here.) After the runs the
-resulting tables must hold the same rows, and what was applied must match an independent count.
+Timed: the call only; the table is opened beforehand in both (the daemon keeps it open). The
+lakefeed child also times its parts (perf_counter wrappers around the same functions, in the
+same run): resolve_kinds, reduce, merge (delta-rs execute and the rest), change data feed,
+changelog rows, changelog append, bookkeeping. Reported per variant: best and median of
+`--repeat` runs; ratios: best/best, median/median, the median of back-to-back pairs, and the
+bare merge plus lakefeed's time outside delta-rs's merge (the least sensitive to a busy machine).
+
+Memory, per child: the peak resident size during the call (VmHWM reset right before it), its
+growth over the resident size right before the call, and the peak of the whole child. ru_maxrss
+is reported too, but on Linux it starts from the parent's peak (which held the generated table).
+
+After the runs the resulting tables must hold the same rows (sorted by key), stale changes must
+have left their rows alone, and the counts must match an independent computation.
 
 Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the run
 completed and every check passed (whether or not the ratio goal is met), 1 otherwise.

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefeed import cdc, clock, event_time
+from lakefeed import cdc, clock, event_time, failpoints
 from lakefeed.changelog import build_changelog, data_columns, quarantine_table
 from lakefeed.config import EntityConfig
 from lakefeed.connectors.base import TableSink
@@ -101,6 +101,7 @@ class Committer:
                                          self.app_id, batch_id, meta)
             for path, row in bad:
                 log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+            failpoints.reached("commit.quarantine")
         result.quarantined = len(bad)
         result.rows = data.num_rows if data is not None else 0
         if data is None and not result.partitions:
@@ -180,6 +181,7 @@ class Committer:
             source = data_columns(reduced).append_column(cdc.KIND, reduced.column(cdc.KIND))
             plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND])
             version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
+            failpoints.reached("commit.table")
         else:
             return
         if version is None or reduced is None or self.done(self.sinks.changelog, batch_id):
@@ -191,6 +193,7 @@ class Committer:
             rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
             self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
             self._next_offset = first + rows.num_rows
+            failpoints.reached("commit.changelog")
 
     def _offset_start(self) -> int:
         if self._next_offset is None:

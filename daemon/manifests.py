@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lakefeed import clock, log
+from lakefeed import clock, failpoints, log
 from lakefeed.config import EntityConfig, PatternSpec
 from lakefeed.connectors import cdm_manifest
 from lakefeed.connectors.base import TableSink
@@ -182,6 +182,7 @@ class ManifestKeeper:
                 written += len(batch["partitions"])
             if commits:
                 cdm_manifest.save(self.cfg.manifest, doc)
+                failpoints.reached("manifest.written")
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
             self._save_state(latest, owned)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakefeed import cdc, clock, event_time, log
+from lakefeed import cdc, clock, event_time, failpoints, log
 from lakefeed.commit import BatchResult, Committer, Sinks
 from lakefeed.config import EntityConfig
 from lakefeed.connectors import cdm_manifest
@@ -101,6 +101,7 @@ class EntityPipeline:
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
         snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
                               if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
+        failpoints.reached("batch.discovered")
         self.committer().commit(data, bad, result, checked_at, log_, snapshot_file)
         self.keeper.refresh()
         return result
