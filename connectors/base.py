@@ -62,6 +62,11 @@ class TableSink(ABC):
         """
 
     @abstractmethod
+    def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
+        """SCD type 2 in one commit: `__h` close rows end the key's current version at `__at`; open rows
+        add a version valid from `__at`. Columns: the data, valid_from, valid_to, is_current."""
+
+    @abstractmethod
     def present_keys(self, keys: pa.Table) -> pa.Table:
         """The rows of `keys` (key columns only) that the table holds."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import (
@@ -133,6 +134,25 @@ class DeltaRsSink(TableSink):
             table = self._load()
             assert table is not None
         return table.version()
+
+    def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
+        data = [c for c in edits.column_names if c not in ("__h", "__at")]
+        source = edits.append_column("valid_from", edits.column("__at")).append_column(
+            "valid_to", pa.nulls(edits.num_rows, edits.schema.field("__at").type)).append_column(
+            "is_current", pa.array(np.ones(edits.num_rows, dtype=bool)))
+        columns = [*data, "valid_from", "valid_to", "is_current"]
+        if self._load() is None:
+            write_deltalake(self.uri, source.select(columns).schema.empty_table(), mode="append",
+                            storage_options=self._options)
+        table = self._load()
+        assert table is not None
+        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
+        (table.merge(source, predicate=f"{on} AND t.is_current AND s.__h = 'close'", source_alias="s",
+                     target_alias="t", merge_schema=True, writer_properties=self._writer,
+                     commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]))
+         .when_matched_update({"valid_to": "s.__at", "is_current": "false"})
+         .when_not_matched_insert({c: _col("s", c) for c in columns}, predicate="s.__h = 'open'")
+         .execute())
 
     def present_keys(self, keys: pa.Table) -> pa.Table:
         table = self._load()

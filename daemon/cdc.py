@@ -138,8 +138,8 @@ def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
 def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], first_offset: int, batch_id: int,
                    system_time: datetime) -> pa.Table:
     """Changelog rows from a merge's change data (`_change_type`), in key order, -C right before +C."""
-    change = changes.column("_change_type").to_pylist()
-    ops = pa.array([_OPS[c] for c in change], pa.int8())
+    codes = pc.index_in(changes.column("_change_type"), value_set=pa.array(list(_OPS))).to_numpy(zero_copy_only=False)
+    ops = pa.array(np.array(list(_OPS.values()), dtype=np.int8)[codes])
     data = changes.drop_columns([c for c in changes.column_names if c.startswith("_change") or c.startswith("_commit")])
     data = data.append_column("__op", ops).sort_by([(k, "ascending") for k in keys] + [("__op", "ascending")])
     # A key's retract and correction pair sort as (1) or (2, 3); an append (0) never shares a key with them.
@@ -188,3 +188,21 @@ def unwrap_debezium(table: pa.Table) -> pa.Table:
     if "ts_ms" in table.column_names:
         columns["ts_ms"] = table.column("ts_ms").cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TS)
     return pa.table(columns)
+
+
+def history_rows(changelog: pa.Table) -> pa.Table:
+    """SCD type 2 edits from a batch's changelog rows: `__h` = close (a retraction or correct-from ends the
+    key's current version at the change's event time) or open (an append or correct-to starts one)."""
+    ops = changelog.column("op").to_numpy(zero_copy_only=False)
+    data = data_of(changelog)
+    is_open = np.isin(ops, (OP_APPEND, OP_CORRECT_TO))
+    return data.append_column("__h", pa.array(np.where(is_open, "open", "close"), pa.string())).append_column(
+        "__at", changelog.column("event_time"))
+
+
+def data_of(changelog: pa.Table) -> pa.Table:
+    """The data columns of changelog rows, under their own names."""
+    system = {"offset", "op", "system_time", "event_time", "source_file", "batch_id"}
+    data = changelog.select([c for c in changelog.column_names if c not in system])
+    return data.rename_columns([c.removeprefix("data_") if c.removeprefix("data_") in system else c
+                                for c in data.column_names])

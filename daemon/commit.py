@@ -33,11 +33,12 @@ class Sinks:
     table: TableSink
     changelog: TableSink
     quarantine: TableSink
+    history: TableSink | None = None
 
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
         return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
-                   DeltaRsSink(cfg.quarantine))
+                   DeltaRsSink(cfg.quarantine), DeltaRsSink(cfg.history) if cfg.cdc.history else None)
 
 
 @dataclass
@@ -184,16 +185,22 @@ class Committer:
             failpoints.reached("commit.table")
         else:
             return
-        if version is None or reduced is None or self.done(self.sinks.changelog, batch_id):
+        history = self.sinks.history
+        history_due = history is not None and not self.done(history, batch_id)
+        if version is None or reduced is None or (self.done(self.sinks.changelog, batch_id) and not history_due):
             return
         changes = self.sinks.table.changes(version)
         result.changes = changes.num_rows
-        if changes.num_rows:
-            first = self._offset_start()
-            rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
+        if not changes.num_rows:
+            return
+        first = self._offset_start()
+        rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
+        if not self.done(self.sinks.changelog, batch_id):
             self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
             self._next_offset = first + rows.num_rows
             failpoints.reached("commit.changelog")
+        if history is not None and history_due:
+            history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
 
     def _offset_start(self) -> int:
         if self._next_offset is None:

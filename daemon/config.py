@@ -115,6 +115,8 @@ class CdcConfig(_Frozen):
     delete_values: tuple[str, ...] = ("true", "True", "TRUE", "1")
     update_of_absent: Literal["insert", "ignore", "quarantine"] = "insert"
     op_column: str = Field(default="op", description="changelog: the column holding each row's operation.")
+    history: bool = Field(default=False, description="Keep an SCD type 2 history table (valid_from, valid_to, "
+                                                     "is_current) in step with the current table.")
     debezium: bool = Field(default=False, description="changelog: rows are Debezium envelopes "
                                                       "(before, after, op, ts_ms); ts_ms becomes a timestamp.")
     op_values: dict[str, ChangeKind] = Field(
@@ -128,6 +130,8 @@ class CdcConfig(_Frozen):
             raise ValueError(f"strategy {self.strategy} needs primary_key")
         if self.strategy == "append" and (self.sequence_by or self.primary_key):
             raise ValueError("strategy append takes no primary_key or sequence_by; use ledger or upsert")
+        if self.history and self.strategy == "append":
+            raise ValueError("history needs a keyed strategy")
         if self.debezium and self.strategy != "changelog":
             raise ValueError("debezium envelopes need strategy changelog")
         return self
@@ -179,6 +183,7 @@ class EntityConfig(_Frozen):
     table: ResolvedPath
     changelog: ResolvedPath
     quarantine: ResolvedPath
+    history: ResolvedPath
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
 
@@ -233,6 +238,7 @@ class LakefeedConfig(_Frozen):
                     "table": f"{lake}/{name}/table",
                     "changelog": f"{lake}/{name}/changelog",
                     "quarantine": f"{lake}/{name}/quarantine",
+                    "history": f"{lake}/{name}/history",
                     "checkpoint": f"{state}/{name}/checkpoint",
                     "state": f"{state}/{name}",
                     **raw,

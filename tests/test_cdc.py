@@ -98,7 +98,7 @@ def test_strategy_matches_reference_model(strategy, sequence, data, update_of_ab
                   lateness=timedelta(minutes=2), late_policy=late_policy)
     with tempfile.TemporaryDirectory() as tmp:
         lake = Lake(Path(tmp), {"strategy": strategy, "primary_key": ["k"], "sequence_by": list(sequence),
-                                "update_of_absent": update_of_absent},
+                                "update_of_absent": update_of_absent, "history": True},
                     {"source": "column", "column": "et", "allowed_lateness_s": 120, "late_policy": late_policy})
         for files in data:
             model.apply_batch(files)
@@ -107,6 +107,12 @@ def test_strategy_matches_reference_model(strategy, sequence, data, update_of_ab
         assert lake.changelog() == model.changelog
         assert lake.quarantined() == model.quarantined
         assert verify(lake.cfg) == []
+        history = lake._read(lake.cfg.history)
+        current = {r["k"]: {c: r[c] for c in COLUMNS} for r in history if r["is_current"]}
+        assert current == model.state  # the SCD2 table's current versions are the current table
+        opened = sum(1 for op, _ in model.changelog if op in (0, 3))
+        closed = sum(1 for op, _ in model.changelog if op in (1, 2))
+        assert (len(history), sum(1 for r in history if r["valid_to"] is not None)) == (opened, closed)
 
 
 def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_completed(tmp_path, monkeypatch):
