@@ -67,8 +67,8 @@ class TableSink(ABC):
         add a version valid from `__at`. Columns: the data, valid_from, valid_to, is_current."""
 
     @abstractmethod
-    def present_keys(self, keys: pa.Table) -> pa.Table:
-        """The rows of `keys` (key columns only) that the table holds."""
+    def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
+        """The rows of `keys` that the table holds, with the table's `columns` beside the key columns."""
 
     @abstractmethod
     def changes(self, table_version: int) -> pa.Table:

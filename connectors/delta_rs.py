@@ -154,15 +154,15 @@ class DeltaRsSink(TableSink):
          .when_not_matched_insert({c: _col("s", c) for c in columns}, predicate="s.__h = 'open'")
          .execute())
 
-    def present_keys(self, keys: pa.Table) -> pa.Table:
+    def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
         table = self._load()
-        if table is None or keys.num_rows == 0:
-            return keys.slice(0, 0)
         names = keys.column_names
+        if table is None or keys.num_rows == 0:
+            return keys.slice(0, 0)  # nothing held (callers check num_rows before reading `columns`)
         # File statistics prune by the first key column; the join makes composite keys exact.
         found = table.to_pyarrow_dataset().to_table(
-            columns=names, filter=pc.field(names[0]).isin(pc.unique(keys.column(names[0]))))
-        return keys.join(found.group_by(names).aggregate([]), keys=names, join_type="inner")
+            columns=[*names, *columns], filter=pc.field(names[0]).isin(pc.unique(keys.column(names[0]))))
+        return keys.group_by(names).aggregate([]).join(found, keys=names, join_type="inner")
 
     def changes(self, table_version: int) -> pa.Table:
         table = self._load()

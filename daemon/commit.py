@@ -34,11 +34,13 @@ class Sinks:
     changelog: TableSink
     quarantine: TableSink
     history: TableSink | None = None
+    tombstones: TableSink | None = None
 
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
         return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
-                   DeltaRsSink(cfg.quarantine), DeltaRsSink(cfg.history) if cfg.cdc.history else None)
+                   DeltaRsSink(cfg.quarantine), DeltaRsSink(cfg.history) if cfg.cdc.history else None,
+                   DeltaRsSink(cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
 
 
 @dataclass
@@ -50,6 +52,8 @@ class BatchResult:
     unmatched: int = 0
     changes: int = 0
     late: int = 0
+    deletes_of_absent: int = 0
+    stale: int = 0
     skipped: bool = False
     partitions: list[dict[str, Any]] = field(default_factory=list)
 
@@ -94,6 +98,8 @@ class Committer:
         reduced = None
         if self.cfg.cdc.keyed:
             reduced = self._reduce(data, snapshot_file, checked_at)
+            if reduced is not None:
+                reduced = self._drop_stale(reduced, result)
             if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
                 reduced, absent = self._absent_updates(reduced)
                 bad = [*bad, *absent]
@@ -122,6 +128,7 @@ class Committer:
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
                   quarantined=len(bad), unmatched=result.unmatched, late=result.late,
+                  deletes_of_absent=result.deletes_of_absent, stale=result.stale,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
@@ -163,15 +170,44 @@ class Committer:
         if not updates.any():
             return reduced, []
         keys = list(self.cfg.cdc.primary_key)
-        present = self.sinks.table.present_keys(reduced.filter(pa.array(updates)).select(keys))
+        present = self.sinks.table.lookup(reduced.filter(pa.array(updates)).select(keys))
         found = present.append_column("__present", pa.array(np.ones(present.num_rows, dtype=bool)))
-        marked = reduced.select(keys).append_column("__row", pa.array(np.arange(reduced.num_rows))).join(
-            found, keys=keys, join_type="left outer").sort_by("__row")
-        absent = updates & marked.column("__present").is_null().to_numpy(zero_copy_only=False)
+        absent = updates & _beside(reduced, found, keys).column("__present").is_null().to_numpy(zero_copy_only=False)
         if not absent.any():
             return reduced, []
         bad = cdc.bad_rows(reduced.filter(pa.array(absent)), "update of a key the table does not hold")
         return reduced.filter(pa.array(~absent)), bad
+
+    def _drop_stale(self, reduced: pa.Table, result: BatchResult) -> pa.Table:
+        """Changes older than a deletion of their key are stale: the deletion is newer and stays."""
+        tombstones, keys, seq = self.sinks.tombstones, list(self.cfg.cdc.primary_key), self.cfg.cdc.sequence_by
+        if tombstones is None or reduced.num_rows == 0:
+            return reduced
+        found = tombstones.lookup(reduced.select(keys), seq)
+        if found.num_rows == 0:
+            return reduced
+        found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
+        joined = _beside(reduced, found, keys)
+        older = np.zeros(reduced.num_rows, dtype=bool)
+        equal = np.ones(reduced.num_rows, dtype=bool)
+        for c in seq:  # lexicographic: older at the first sequence column that differs
+            mine, tomb = reduced.column(c), joined.column(f"__tomb_{c}")
+            older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
+            equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
+        result.stale = int(older.sum())
+        return reduced.filter(pa.array(~older)) if older.any() else reduced
+
+    def _bury(self, reduced: pa.Table, batch_id: int) -> None:
+        """Record the sequence of every deletion of the batch (newest per key wins)."""
+        tombstones = self.sinks.tombstones
+        if tombstones is None or self.done(tombstones, batch_id):
+            return
+        keys, seq = self.cfg.cdc.primary_key, self.cfg.cdc.sequence_by
+        deletes = reduced.filter(pc.equal(reduced.column(cdc.KIND), "delete")).select([*keys, *seq])
+        deletes = deletes.append_column(cdc.KIND, pa.array(np.full(deletes.num_rows, "upsert", dtype=object),
+                                                           pa.string()))
+        plan = cdc.MergePlan(keys, seq, seq, snapshot=False, insert_updates_of_absent=True)
+        tombstones.merge(deletes, plan, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
 
     def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
                result: BatchResult) -> None:
@@ -185,12 +221,18 @@ class Committer:
             failpoints.reached("commit.table")
         else:
             return
+        if reduced is not None:
+            self._bury(reduced, batch_id)
         history = self.sinks.history
         history_due = history is not None and not self.done(history, batch_id)
         if version is None or reduced is None or (self.done(self.sinks.changelog, batch_id) and not history_due):
             return
         changes = self.sinks.table.changes(version)
         result.changes = changes.num_rows
+        if self.cfg.cdc.strategy != "snapshot":
+            deletes = pc.sum(pc.equal(reduced.column(cdc.KIND), "delete")).as_py() or 0
+            retracted = pc.sum(pc.equal(changes.column("_change_type"), "delete")).as_py() or 0
+            result.deletes_of_absent = max(0, deletes - retracted)  # counted, not errors
         if not changes.num_rows:
             return
         first = self._offset_start()
@@ -207,3 +249,9 @@ class Committer:
             last = self.sinks.changelog.max_of("offset")
             self._next_offset = 0 if last is None else int(last) + 1
         return self._next_offset
+
+
+def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
+    """`found`'s columns beside each row of `rows` (null where its key is not in `found`), in row order."""
+    numbered = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    return numbered.join(found, keys=keys, join_type="left outer").sort_by("__row")

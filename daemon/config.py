@@ -184,6 +184,8 @@ class EntityConfig(_Frozen):
     changelog: ResolvedPath
     quarantine: ResolvedPath
     history: ResolvedPath
+    tombstones: ResolvedPath = Field(description="Sequences of deleted keys (with sequence_by), so that an "
+                                                 "older change arriving later cannot bring a deleted row back.")
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
 
@@ -239,6 +241,7 @@ class LakefeedConfig(_Frozen):
                     "changelog": f"{lake}/{name}/changelog",
                     "quarantine": f"{lake}/{name}/quarantine",
                     "history": f"{lake}/{name}/history",
+                    "tombstones": f"{lake}/{name}/tombstones",
                     "checkpoint": f"{state}/{name}/checkpoint",
                     "state": f"{state}/{name}",
                     **raw,

@@ -29,6 +29,7 @@ class Model:
     late_policy: str = "apply"
     watermark: datetime | None = None
     state: dict = field(default_factory=dict)
+    tombstones: dict = field(default_factory=dict)  # key -> sequence of its newest deletion
     changelog: list = field(default_factory=list)  # (op, row)
     quarantined: int = 0
 
@@ -82,6 +83,11 @@ class Model:
         else:
             for k in sorted(by_key):
                 kind, _, row = by_key[k]
+                seq = tuple(row[s] for s in self.sequence)
+                if self.sequence and k in self.tombstones and seq < self.tombstones[k]:
+                    continue  # older than the key's deletion: stale
+                if self.sequence and kind == "delete":
+                    self.tombstones[k] = max(seq, self.tombstones.get(k, seq))
                 old = self.state.get(k)
                 newer = old is None or tuple(row[s] for s in self.sequence) >= tuple(old[s] for s in self.sequence)
                 if old is None:
