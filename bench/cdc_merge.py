@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable, write_deltalake
 
 GOAL_RATIO = 1.2
@@ -68,27 +69,6 @@ BARE_ON = "t.id = s.id"
 BARE_DELETE = "s.IsDelete AND s.seq >= t.seq"
 BARE_UPDATE = "s.seq >= t.seq"
 BARE_INSERT = "NOT s.IsDelete"
-
-
-class BenchError(Exception):
-    pass
-
-
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def check(self, what: str) -> None:
-        if self.left() <= 0:
-            raise BenchError(f"overall deadline of {self.seconds:.0f}s passed while {what}")
-
-
-def say(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- data
@@ -303,6 +283,7 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
         cdc=CdcConfig(strategy="upsert_and_delete", primary_key=("id",), sequence_by=("seq",),
                       delete_column="IsDelete"),
         table=Path(spec["table"]), changelog=root / "changelog", quarantine=root / "quarantine",
+        history=root / "history", tombstones=root / "tombstones",
         checkpoint=root / "checkpoint", state=root / "state")
     # The batch as EntityPipeline hands it to the committer: per file the rows with their location
     # and kind, tagged with the file's inbox offset, concatenated.

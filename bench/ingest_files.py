@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -69,27 +70,6 @@ FLOOR_TYPES = {
 }
 CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports", "tools", "toys"])
 _TS = pa.timestamp("us", tz="UTC")
-
-
-class BenchError(Exception):
-    pass
-
-
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def check(self, what: str) -> None:
-        if self.left() <= 0:
-            raise BenchError(f"overall deadline of {self.seconds:.0f}s passed while {what}")
-
-
-def say(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- data
