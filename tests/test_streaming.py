@@ -81,8 +81,8 @@ def test_keyed_entity_through_spark_matches_the_changes(spark, tmp_path):
     newest change per key, and the changelog replays to it."""
     import random
 
-    from tests.conftest import entity_yaml
     from lakefeed.verify import verify
+    from tests.conftest import entity_yaml
 
     entity = entity_yaml(cdc={"strategy": "upsert_and_delete", "primary_key": ["id"], "sequence_by": ["seq"],
                               "history": True},
