@@ -43,12 +43,16 @@ def _csv(rows: list[dict]) -> str:
 class Lake:
     """One entity with a CDC strategy, fed batch by batch through EntityPipeline.process."""
 
-    def __init__(self, root: Path, cdc: dict, event_time: dict | None = None) -> None:
+    def __init__(self, root: Path, cdc: dict, event_time: dict | None = None, pattern: str = "/*.csv",
+                 prepare: bool = True) -> None:
+        """`prepare`: a pipeline and inbox for direct process() calls (not when a Spark query will run it)."""
         (root / "landing").mkdir(parents=True)
         (root / "landing" / "sales.cdm.json").write_text(json.dumps(SCHEMA_DOC))
-        entity = entity_yaml(cdc=cdc, patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.csv"}],
+        entity = entity_yaml(cdc=cdc, patterns=[{"name": "all", "root_location": "data", "glob_pattern": pattern}],
                              event_time=event_time or {})
-        self.cfg, self.pipeline, self.inbox = _prepared(config.load(write_config(root, [entity])).entities[0])
+        self.cfg = config.load(write_config(root, [entity])).entities[0]
+        if prepare:
+            self.cfg, self.pipeline, self.inbox = _prepared(self.cfg)
         self.batches = 0
 
     def batch(self, files: list[list[dict]]) -> None:

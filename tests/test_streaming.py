@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
+from lakefeed.inbox import FileEvent
 from lakefeed.supervisor import EntityRunner
+from lakefeed.verify import verify
 from tests import cdm_sdk
+from tests.cdc_model import Model
 from tests.conftest import land, wait_for, write_config
+from tests.test_cdc import Lake
+from tests.test_cdc import _csv as cdc_csv
+from tests.test_cdc import batches as cdc_batches
 
 
 def _rows(uri) -> int:
@@ -81,7 +92,6 @@ def test_keyed_entity_through_spark_matches_the_changes(spark, tmp_path):
     newest change per key, and the changelog replays to it."""
     import random
 
-    from lakefeed.verify import verify
     from tests.conftest import entity_yaml
 
     entity = entity_yaml(cdc={"strategy": "upsert_and_delete", "primary_key": ["id"], "sequence_by": ["seq"],
@@ -123,3 +133,34 @@ def _keyed(table) -> dict:
     except Exception:
         return {}
     return {r["id"]: (r["v"], r["seq"]) for r in rows}
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "upsert_and_delete", "changelog", "update"])
+@settings(max_examples=3, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=cdc_batches, late_policy=st.sampled_from(["apply", "quarantine"]))
+def test_cdc_model_through_a_spark_query(spark, strategy, data, late_policy):
+    """The reference model again, now through a real streaming query: each generated batch is put in the
+    inbox at once and the query is driven with processAllAvailable, so Spark's batches are the model's."""
+    model = Model(strategy, sequence=("seq",), update_of_absent="insert", event_time="et",
+                  lateness=timedelta(minutes=2), late_policy=late_policy)
+    with tempfile.TemporaryDirectory() as tmp:
+        lake = Lake(Path(tmp), {"strategy": strategy, "primary_key": ["k"], "sequence_by": ["seq"]},
+                    {"source": "column", "column": "et", "allowed_lateness_s": 120, "late_policy": late_policy},
+                    pattern="/_*.csv", prepare=False)  # names the source leaves alone: the test makes the batches
+        runner = EntityRunner(spark, lake.cfg, 0.2, (lake.cfg.table.parent.parent, lake.cfg.state.parent))
+        runner.start()
+        try:
+            for n, files in enumerate(data):
+                paths = [land(lake.cfg.source.path / "data" / f"_b{n}_f{i}.csv", cdc_csv(rows))
+                         for i, rows in enumerate(files)]
+                runner.inbox.offer([FileEvent.of(p) for p in paths])  # one append: one Spark batch
+                runner.query.processAllAvailable()
+                model.apply_batch(files)
+                assert lake.state() == model.state
+        finally:
+            runner.stop_intake()
+            runner.stop(time.monotonic() + 30)
+        assert lake.changelog() == model.changelog
+        assert lake.quarantined() == model.quarantined
+        assert verify(lake.cfg) == []
