@@ -107,3 +107,8 @@ def test_shipped_example_configs_are_valid_and_their_manifests_drive_discovery()
     assert d.match("account/full/2023.csv").arguments == {"year": ["2023"]}
     schema = from_entity_document(schema_document(account.manifest.parent, entity), "account")
     assert schema.names == ["Id", "name", "revenue", "versionnumber", "SinkModifiedOn", "IsDelete"]
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "config" / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_validates(example):
+    assert config.load(example).entities
