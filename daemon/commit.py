@@ -220,6 +220,9 @@ class Committer:
             version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
             failpoints.reached("commit.table")
         else:
+            schema = self.sinks.table.schema()  # files without rows: still record their partitions
+            if schema is not None:
+                self.sinks.table.append(schema.empty_table(), self.app_id, batch_id, table_meta)
             return
         if reduced is not None:
             self._bury(reduced, batch_id)

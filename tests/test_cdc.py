@@ -228,3 +228,12 @@ def test_debezium_envelopes_become_changes_with_their_event_time(tmp_path):
                                                          (1, 2, "x")]
     assert log[4]["event_time"] == datetime.fromtimestamp(1_700_000_002, UTC)
     assert verify(cfg) == []
+
+
+def test_files_without_rows_are_still_partitions_of_a_keyed_entity(tmp_path):
+    lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
+    lake.batch([[{"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}]])
+    empty = land(lake.cfg.source.path / "data" / "empty.csv", "")
+    lake.pipeline.process(lake.inbox.offer([FileEvent.of(empty)]), 1)
+    doc = json.loads(lake.cfg.manifest.read_text())
+    assert sorted(p["location"] for p in doc["entities"][0]["dataPartitions"]) == ["data/b0_f0.csv", "data/empty.csv"]
