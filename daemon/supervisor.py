@@ -112,10 +112,12 @@ class Supervisor:
         self._stop.set()
 
     def run(self) -> int:
+        session = spark.session(self.cfg.spark)
+        # After the SparkContext exists: it installs a SIGINT handler of its own that raises
+        # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        session = spark.session(self.cfg.spark)
         spark.warm_up(session)
         excluded = (self.cfg.lake_dir, self.cfg.state_dir)
         with ExitStack() as stack:

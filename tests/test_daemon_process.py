@@ -110,7 +110,7 @@ def test_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(setup):
     assert sorted(p["location"] for p in entity["dataPartitions"]) == [f"sales/f{n:03d}.csv" for n in range(35)]
 
 
-def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(setup):
+def test_sigint_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(setup):
     tmp_path, daemon = setup
     other = entity_yaml("other", source={"type": "local_dir", "path": "other"},
                         manifest="other/default.manifest.cdm.json")
@@ -133,7 +133,7 @@ def test_sigterm_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity
 
     land(tmp_path / "landing" / "sales" / "a.csv", _csv(0))  # the healthy entity keeps working
     wait_for(lambda: _table_rows(tmp_path / "lake" / "sales" / "table") == ROWS_PER_FILE, 60, what="rows")
-    daemon.signal(signal.SIGTERM)
+    daemon.signal(signal.SIGINT)  # Ctrl-C stops as gracefully as SIGTERM
     assert "STOPPING=1" in notify_socket.recv(4096).decode().splitlines()
     assert daemon.wait(90) == 0
     assert daemon.events("daemon.stopped") == 1
