@@ -70,6 +70,11 @@ class Committer:
         version = sink.committed_version(self.app_id)
         return version is not None and version >= batch_id
 
+    def all_done(self, batch_id: int) -> bool:
+        """Every table a batch ends in has it, so a replay has nothing left to do."""
+        sinks = (self.sinks.table, self.sinks.changelog, self.sinks.history)
+        return all(self.done(sink, batch_id) for sink in sinks if sink is not None)
+
     def watermark_before(self, batch_id: int) -> datetime | None:
         """The watermark as it stood before this batch (a replay must see what the first run saw)."""
         value = self.sinks.table.latest_metadata(event_time.WATERMARK_KEY, self.app_id, batch_id)

@@ -43,10 +43,6 @@ class Partition:
     pattern_name: str | None = None
     explicit: bool = False
 
-    @property
-    def is_incremental(self) -> bool:
-        return self.incremental_type is not None
-
 
 def normalize_location(location: str) -> str:
     """A corpus path compared by its place under the manifest folder."""

@@ -63,7 +63,7 @@ class EntityPipeline:
         log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
         if not records:
             return result
-        if all(self.committer().done(sink, batch_id) for sink in (self.sinks.table, self.sinks.changelog)):
+        if self.committer().all_done(batch_id):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
             self.keeper.refresh()

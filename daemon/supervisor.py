@@ -108,9 +108,6 @@ class Supervisor:
             os._exit(128 + signum)  # a second signal: the operator does not want to wait
         self._stop.set()
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     def run(self) -> int:
         session = spark.session(self.cfg.spark)
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises

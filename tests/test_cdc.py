@@ -237,3 +237,21 @@ def test_files_without_rows_are_still_partitions_of_a_keyed_entity(tmp_path):
     lake.pipeline.process(lake.inbox.offer([FileEvent.of(empty)]), 1)
     doc = json.loads(lake.cfg.manifest.read_text())
     assert sorted(p["location"] for p in doc["entities"][0]["dataPartitions"]) == ["data/b0_f0.csv", "data/empty.csv"]
+
+
+def test_crash_before_the_history_commit_is_completed_on_replay(tmp_path, monkeypatch):
+    lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"], "history": True})
+    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}
+    path = land(lake.cfg.source.path / "data" / "a.csv", _csv([row]))
+    records = lake.inbox.offer([FileEvent.of(path)])
+    monkeypatch.setattr(lake.pipeline.sinks.history, "apply_history",
+                        lambda *a: (_ for _ in ()).throw(RuntimeError("killed")))
+    with pytest.raises(RuntimeError):
+        lake.pipeline.process(records, 0)
+    monkeypatch.undo()
+    from tests.test_pipeline import _pipeline
+
+    assert not _pipeline(lake.cfg).process(records, 0).skipped  # table and changelog done, history not
+    history = lake._read(lake.cfg.history)
+    assert [(r["k"], r["is_current"]) for r in history] == [(1, True)]
+    assert [op for op, _ in lake.changelog()] == [0]
