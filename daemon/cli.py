@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     advance.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     advance.add_argument("--entity", required=True)
     advance.add_argument("--to", required=True, help="ISO 8601 time, e.g. 2024-05-01T00:00:00Z")
+    sub.add_parser("openapi", help="print the HTTP API's OpenAPI document (docs/openapi.json)")
+    sub.add_parser("token", help="make a bearer token for a push source and print it with its sha256 for the config")
     cfg = sub.add_parser("config", help="about the configuration")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     cfg_sub.add_parser("schema", help="print the config's JSON Schema")
@@ -38,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "config":
         print(json.dumps(config.json_schema(), indent=2))
+        return 0
+    if args.command == "openapi":
+        from lakefeed.openapi import document
+
+        print(json.dumps(document(), indent=2))
+        return 0
+    if args.command == "token":
+        import hashlib
+        import secrets
+
+        token = secrets.token_urlsafe(32)
+        print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
         return 0
     if args.command == "validate":
         try:

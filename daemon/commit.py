@@ -58,12 +58,26 @@ class BatchResult:
     partitions: list[dict[str, Any]] = field(default_factory=list)
 
 
+class ChangelogOffsets:
+    """The next changelog offset, shared by every stream committing to one entity (one at a time)."""
+
+    def __init__(self, changelog: TableSink) -> None:
+        self._changelog = changelog
+        self.next: int | None = None
+
+    def start(self) -> int:
+        if self.next is None:
+            last = self._changelog.max_of("offset")
+            self.next = 0 if last is None else int(last) + 1
+        return self.next
+
+
 class Committer:
-    def __init__(self, cfg: EntityConfig, sinks: Sinks, app_id: str) -> None:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks, app_id: str, offsets: ChangelogOffsets) -> None:
         self.cfg = cfg
         self.sinks = sinks
         self.app_id = app_id
-        self._next_offset: int | None = None
+        self._offsets = offsets
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
 
     def done(self, sink: TableSink, batch_id: int) -> bool:
@@ -129,7 +143,7 @@ class Committer:
             else:
                 self._append(data, batch_id, meta, table_meta, checked_at, log_)
         except BaseException:
-            self._next_offset = None  # unknown whether the changelog committed: re-read it next time
+            self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
                   quarantined=len(bad), unmatched=result.unmatched, late=result.late,
@@ -140,10 +154,10 @@ class Committer:
                 checked_at: datetime, log_: Any) -> None:
         writes = []
         if data is not None and not self.done(self.sinks.changelog, batch_id):
-            first = self._offset_start()
+            first = self._offsets.start()
             changelog = build_changelog(data, first, batch_id, checked_at)
             writes.append(lambda: self.sinks.changelog.append(changelog, self.app_id, batch_id, meta))
-            self._next_offset = first + data.num_rows
+            self._offsets.next = first + data.num_rows
         if not self.done(self.sinks.table, batch_id):
             schema = self.sinks.table.schema()
             rows = data_columns(data) if data is not None else \
@@ -243,20 +257,14 @@ class Committer:
             result.deletes_of_absent = max(0, deletes - retracted)  # counted, not errors
         if not changes.num_rows:
             return
-        first = self._offset_start()
+        first = self._offsets.start()
         rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
         if not self.done(self.sinks.changelog, batch_id):
             self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
-            self._next_offset = first + rows.num_rows
+            self._offsets.next = first + rows.num_rows
             failpoints.reached("commit.changelog")
         if history is not None and history_due:
             history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
-
-    def _offset_start(self) -> int:
-        if self._next_offset is None:
-            last = self.sinks.changelog.max_of("offset")
-            self._next_offset = 0 if last is None else int(last) + 1
-        return self._next_offset
 
 
 def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:

@@ -172,9 +172,40 @@ class LocalDirSource(_Frozen):
     max_files_per_trigger: int = Field(default=1000, gt=0)
 
 
+Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", max_length=64)]
+FILES = "files"  # the stream name of an entity's file source
+
+
+class PushSource(_Frozen):
+    """Producers POST records to /v1/entities/{entity}/sources/{name}/records (docs/push-api.md)."""
+
+    type: Literal["http_push"] = "http_push"
+    name: Name
+    tokens_sha256: tuple[str, ...] = Field(
+        min_length=1, description="SHA-256 (hex) of each bearer token allowed to push to this source; "
+                                  "`lakefeed token` makes a token and its hash.")
+    rate_limit_per_s: float | None = Field(default=None, gt=0, description="Requests per second (burst 2x); "
+                                                                          "429 beyond it.")
+    spool_max_bytes: int = Field(default=1 << 30, gt=0, description="Acknowledged data not yet committed; "
+                                                                    "503 with Retry-After beyond it.")
+    segment_bytes: int = Field(default=64 << 20, gt=0, description="Spool segment size.")
+    idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="How long an Idempotency-Key is "
+                                                                        "remembered.")
+    max_records_per_trigger: int = Field(default=1_000_000, gt=0)
+
+    @field_validator("tokens_sha256")
+    @classmethod
+    def _hex_hashes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in value:
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError("each entry must be a lowercase hex SHA-256 digest (64 characters), not a token")
+        return value
+
+
 class EntityConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    source: LocalDirSource
+    source: LocalDirSource | None = Field(default=None, description="Where the entity's files land.")
+    push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
     patterns: tuple[PatternSpec, ...] = ()
     format: FileFormat = CsvFormat()
@@ -190,15 +221,61 @@ class EntityConfig(_Frozen):
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
 
     @model_validator(mode="after")
+    def _sources(self) -> EntityConfig:
+        if self.source is None and not self.push:
+            raise ValueError("give the entity a source: `source` (files) or `push`")
+        names = [FILES, *(p.name for p in self.push)] if self.source else [p.name for p in self.push]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"source names must be unique within an entity ({FILES!r} is the file source): "
+                             f"{', '.join(repeated)}")
+        if self.push and self.event_time.source in ("path", "file_mtime"):
+            raise ValueError(f"event_time.source {self.event_time.source} needs files; pushed records take "
+                             "their event time from a column, the Event-Time header or the system time")
+        return self
+
+    @model_validator(mode="after")
     def _landing_inside_cdm_folder(self) -> EntityConfig:
         if not self.manifest.name.endswith(".manifest.cdm.json"):
             raise ValueError("manifest must be a *.manifest.cdm.json file")
         root = self.manifest.parent
+        if self.source is None:
+            return self
         if root != self.source.path and root not in self.source.path.parents:
             raise ValueError(
                 f"source.path {self.source.path} must be the manifest's folder {root} or below it: "
                 "partition locations are corpus paths relative to the manifest"
             )
+        return self
+
+    def streams(self) -> list[str]:
+        """The names of the entity's sources, each read by its own streaming query."""
+        return ([FILES] if self.source else []) + [p.name for p in self.push]
+
+    def stream_checkpoint(self, stream: str) -> Path:
+        return self.checkpoint if stream == FILES else self.state / "streams" / stream / "checkpoint"
+
+    def spool(self, stream: str) -> Path:
+        return self.state / "streams" / stream / "spool"
+
+    def push_source(self, stream: str) -> PushSource | None:
+        return next((p for p in self.push if p.name == stream), None)
+
+
+class HttpConfig(_Frozen):
+    """The daemon's HTTP server: push API, health and status."""
+
+    host: str = Field(default="127.0.0.1", description="Listen address (loopback by default).")
+    port: int = Field(default=8480, ge=0, le=65535, description="0 picks a free port (logged, and written "
+                                                                "to state_dir/http.json).")
+    tls_cert: ResolvedPath | None = None
+    tls_key: ResolvedPath | None = None
+    max_body_bytes: int = Field(default=64 << 20, gt=0, description="Larger request bodies get 413.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> HttpConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert and tls_key, or neither")
         return self
 
 
@@ -215,6 +292,7 @@ class LakefeedConfig(_Frozen):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_s: float = Field(default=60.0, gt=0)
     spark: SparkConfig = SparkConfig()
+    http: HttpConfig = HttpConfig()
     entities: tuple[EntityConfig, ...]
 
     @field_validator("entities")
@@ -247,8 +325,9 @@ class LakefeedConfig(_Frozen):
                     **raw,
                 }
                 source = raw.get("source")
-                if "manifest" not in raw and isinstance(source, dict) and "path" in source:
-                    raw["manifest"] = f"{source['path']}/default.manifest.cdm.json"
+                if "manifest" not in raw:
+                    folder = source["path"] if isinstance(source, dict) and "path" in source else lake
+                    raw["manifest"] = f"{folder}/default.manifest.cdm.json"
             entities.append(raw)
         return {**data, "entities": entities}
 

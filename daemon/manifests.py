@@ -76,7 +76,7 @@ def ensure_entity(cfg: EntityConfig) -> dict[str, Any]:
                 _log.warning("config.patterns_ignored", entity=cfg.name, manifest=str(cfg.manifest),
                              reason="the manifest declares the entity; its patterns are used")
             return entity
-        if not cfg.patterns:
+        if not cfg.patterns and cfg.source is not None:
             raise ManifestError(
                 f"manifest {cfg.manifest} does not declare entity {cfg.name!r} and the config gives no "
                 "patterns: add the entity to the manifest or `patterns:` to the entity's config"

@@ -11,33 +11,39 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
 
-from lakefeed import cdc, clock, event_time, failpoints, log
-from lakefeed.commit import BatchResult, Committer, Sinks
-from lakefeed.config import EntityConfig
+from lakefeed import cdc, clock, event_time, failpoints, log, spool
+from lakefeed.commit import BatchResult, ChangelogOffsets, Committer, Sinks
+from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors import cdm_manifest
 from lakefeed.discovery import Discovery, Partition
 from lakefeed.inbox import InboxRecord
 from lakefeed.manifests import ManifestKeeper, ensure_entity, partition_record, schema_document
 from lakefeed.read import BadRow, FileRead, conform, read_file
 from lakefeed.schema import from_entity_document
+from lakefeed.spool import Entry
 
 _log = log.get(__name__)
 
 
 class EntityPipeline:
+    """One per entity, shared by its streams (one streaming query per source); commits take turns."""
+
     def __init__(self, cfg: EntityConfig, sinks: Sinks) -> None:
         self.cfg = cfg
         self.sinks = sinks
         self.root = cfg.manifest.parent
         self.keeper = ManifestKeeper(cfg, sinks.table)
-        self._query_id: str | None = None
-        self._committer: Committer | None = None
+        self._offsets = ChangelogOffsets(sinks.changelog)
+        self._committers: dict[str, Committer] = {}
+        self._lock = threading.Lock()
+        self._schema: pa.Schema | None = None
         # pyarrow releases the GIL while parsing: files are read side by side.
         self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
@@ -46,24 +52,85 @@ class EntityPipeline:
         ensure_entity(self.cfg)
         self.keeper.refresh()
 
-    def app_id(self) -> str:
-        if self._query_id is None:
-            # Spark writes the query id into the checkpoint before the first batch; it survives restarts.
-            meta = json.loads((self.cfg.checkpoint / "metadata").read_text(encoding="utf-8"))
-            self._query_id = meta["id"]
-        return f"lakefeed:{self.cfg.name}:{self._query_id}"
+    def app_id(self, stream: str = FILES) -> str:
+        return self.committer(stream).app_id
 
-    def committer(self) -> Committer:
-        if self._committer is None:
-            self._committer = Committer(self.cfg, self.sinks, self.app_id())
-        return self._committer
+    def committer(self, stream: str = FILES) -> Committer:
+        if stream not in self._committers:
+            # Spark writes the query id into the checkpoint before the first batch; it survives restarts.
+            meta = json.loads((self.cfg.stream_checkpoint(stream) / "metadata").read_text(encoding="utf-8"))
+            app_id = f"lakefeed:{self.cfg.name}:{meta['id']}"
+            self._committers[stream] = Committer(self.cfg, self.sinks, app_id, self._offsets)
+        return self._committers[stream]
+
+    def schema(self) -> pa.Schema | None:
+        """The schema pushed records are checked against: the table's, else the one the manifest declares."""
+        if self._schema is None:
+            schema = self.sinks.table.schema()
+            if schema is None:
+                doc = cdm_manifest.load(self.cfg.manifest)
+                schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
+            self._schema = _without(schema, {})
+        return self._schema
 
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
+        """A micro-batch of the file source."""
+        with self._lock:
+            try:
+                return self._process_files(records, batch_id)
+            finally:
+                self._schema = None  # a commit may have created or evolved the table
+
+    def process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
+        """A micro-batch of a push source: spool frames, validated when they were acknowledged."""
+        with self._lock:
+            try:
+                return self._process_frames(stream, entries, batch_id)
+            finally:
+                self._schema = None
+
+    def _process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, stream=stream, batch_id=batch_id)
+        committer = self.committer(stream)
+        if not entries:
+            return result
+        if committer.all_done(batch_id):
+            log_.info("batch.replay_skipped", frames=len(entries))
+            result.skipped = True
+            return result
+        checked_at = clock.now()
+        folder = self.cfg.spool(stream)
+        target = _without(self.sinks.table.schema(), {})
+        tables, bad = [], []
+        for entry in entries:
+            location = f"push/{stream}/{entry.offset}"
+            # Checked against the schema when acknowledged; a table created meanwhile may still differ.
+            read = conform(spool.read_entry(folder, entry), target, first_line=1)
+            bad.extend((location, b) for b in read.bad)
+            table = read.table
+            assert table is not None
+            target = target or table.schema
+            table = table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))
+            if self.cfg.cdc.keyed:
+                table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, None), entry.offset)
+            stamp_at = clock.from_cdm(entry.event_time) if entry.event_time else checked_at
+            table, _ = event_time.stamp(table, self.cfg.event_time, location, 0, stamp_at)
+            tables.append(table)
+            result.files += 1
+        data = pa.concat_tables(tables, promote_options="permissive")
+        snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
+        committer.commit(data, bad, result, checked_at, log_, snapshot)
+        self.keeper.refresh()
+        return result
+
+    def _process_files(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
         log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
         if not records:
             return result
-        if self.committer().all_done(batch_id):
+        committer = self.committer()
+        if committer.all_done(batch_id):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
             self.keeper.refresh()
@@ -102,7 +169,7 @@ class EntityPipeline:
         snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
                               if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
         failpoints.reached("batch.discovered")
-        self.committer().commit(data, bad, result, checked_at, log_, snapshot_file)
+        committer.commit(data, bad, result, checked_at, log_, snapshot_file)
         self.keeper.refresh()
         return result
 

@@ -27,6 +27,7 @@ class BadRow:
     line: int | None
     reason: str
     raw: str
+    field: str | None = None  # the column at fault, when one is
 
 
 @dataclass
@@ -134,7 +135,7 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
         table = table.cast(compatible)
     if target is None:
         return FileRead(table)
-    failures: dict[int, str] = {}
+    failures: dict[int, tuple[str, str]] = {}
     columns, names = [], []
     for f in target:
         if f.name not in table.column_names:
@@ -147,8 +148,8 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     column, failed = _cast_per_value(column, f.type)
                     for i in failed:
-                        failures.setdefault(i, f"column {f.name!r}: {table.column(f.name)[i].as_py()!r} "
-                                               f"is not a valid {f.type}")
+                        failures.setdefault(i, (f.name, f"column {f.name!r}: {table.column(f.name)[i].as_py()!r} "
+                                                        f"is not a valid {f.type}"))
             columns.append(column)
         names.append(f.name)
     for name in table.column_names:
@@ -159,9 +160,9 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
     if not failures:
         return FileRead(out)
     bad = []
-    for i, reason in sorted(failures.items()):
+    for i, (name, reason) in sorted(failures.items()):
         raw = json.dumps({k: None if v is None else str(v) for k, v in table.slice(i, 1).to_pylist()[0].items()})
-        bad.append(BadRow(first_line + i if first_line is not None else None, reason, raw))
+        bad.append(BadRow(first_line + i if first_line is not None else None, reason, raw, name))
     keep = np.ones(table.num_rows, dtype=bool)
     keep[list(failures)] = False
     return FileRead(out.filter(pa.array(keep)), bad)

@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from lakefeed.config import SparkConfig
 from lakefeed.connectors.inbox_stream import InboxDataSource
+from lakefeed.connectors.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
 
 # Loopback only and no UI by default: a daemon should not open ports nobody asked for.
@@ -56,6 +57,7 @@ def session(cfg: SparkConfig) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(InboxDataSource)
+    spark.dataSource.register(SpoolDataSource)
     return spark
 
 

@@ -57,6 +57,7 @@ def write_config(folder: Path, entities: list[dict[str, Any]] | None = None, **t
         "state_dir": "state",
         "log_level": "INFO",
         "spark": {"master": "local[2]", "trigger_interval_s": 0.3},
+        "http": {"host": "127.0.0.1", "port": 0},  # a free port: tests never collide with a running daemon
         "entities": entities or [entity_yaml()],
     }
     doc.update(top)

@@ -112,3 +112,36 @@ def test_shipped_example_configs_are_valid_and_their_manifests_drive_discovery()
 @pytest.mark.parametrize("example", sorted((REPO / "config" / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_validates(example):
     assert config.load(example).entities
+
+
+def test_push_sources_store_token_hashes_and_need_a_usable_event_time(tmp_path):
+    path = tmp_path / "push.yaml"
+    path.write_text(
+        "entities:\n"                            # 1
+        "  - name: events\n"                     # 2
+        "    push:\n"                            # 3
+        "      - name: api\n"                    # 4
+        "        tokens_sha256: [secret]\n"      # 5
+        "  - name: clicks\n"                     # 6
+        "    event_time: {source: path, path_pattern: '(x)'}\n"  # 7
+        "    push:\n"                            # 8
+        "      - name: api\n"                    # 9
+        "        tokens_sha256: [" + "a" * 64 + "]\n"  # 10
+        "  - name: empty\n",                     # 11
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    problems = info.value.problems
+    assert any(p.startswith(f"{path}:5: entities.0.push.0.tokens_sha256:") and "not a token" in p for p in problems)
+    assert any(p.startswith(f"{path}:6: entities.1:") and "needs files" in p for p in problems), problems
+    assert any(p.startswith(f"{path}:11: entities.2:") and "give the entity a source" in p for p in problems)
+
+
+def test_default_config_pushes_on_loopback_with_the_documented_dev_token():
+    from lakefeed.push_api import token_hash
+
+    cfg = config.load(REPO / "config" / "lakefeed.yaml")
+    assert cfg.http.host == "127.0.0.1"
+    assert cfg.entity("sales").push[0].tokens_sha256 == (token_hash("dev-token-change-me"),)
+    assert "dev-token-change-me" in (REPO / "README.md").read_text()

@@ -1,0 +1,76 @@
+"""A push source's spool as a Spark streaming source (a PySpark Python data source).
+
+Offsets are `{"offset": n}`, the spool frame to read next; Spark keeps them in the query's
+checkpoint. A micro-batch is a list of frame descriptors (daemon/spool.py `Entry`); the batch
+reads the records from the spool in the driver. Admission control caps a micro-batch at
+`maxRecordsPerTrigger` records (at least one frame).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from lakefeed.spool import SPARK_SCHEMA, SpoolReader
+
+FORMAT = "lakefeed_spool"
+
+
+class _Slice(InputPartition):
+    def __init__(self, rows: list[tuple]) -> None:
+        self.rows = rows
+
+
+class SpoolDataSource(DataSource):
+    """Options: `path` (the spool folder), `maxRecordsPerTrigger` (default 1,000,000)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _SpoolStreamReader(Path(self.options["path"]), int(self.options.get("maxRecordsPerTrigger", 1_000_000)))
+
+
+class _SpoolStreamReader(DataSourceStreamReader):
+    def __init__(self, folder: Path, max_records: int) -> None:
+        self._spool = SpoolReader(folder)
+        self._max_records = max_records
+
+    def initialOffset(self) -> dict:
+        self._spool.refresh()
+        return {"offset": self._spool.start()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self._max_records)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        available = self._spool.refresh()
+        if isinstance(limit, ReadAllAvailable):
+            return {"offset": available}
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self._max_records
+        end, records = start["offset"], 0
+        for entry in self._spool.entries(start["offset"], available):
+            if end > start["offset"] and records + entry.rows > cap:
+                break
+            end, records = entry.offset + 1, records + entry.rows
+        return {"offset": end}
+
+    def reportLatestOffset(self) -> dict:
+        return {"offset": self._spool.refresh()}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        self._spool.forget(start["offset"])
+        entries = self._spool.entries(start["offset"], end["offset"])
+        return [_Slice([e.as_tuple() for e in entries])] if entries else []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        assert isinstance(partition, _Slice)
+        yield from partition.rows

@@ -1,0 +1,284 @@
+"""The push API over real HTTP on loopback: content types, auth, limits, validation, idempotency, group commit."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed import config, openapi
+from lakefeed.commit import Sinks
+from lakefeed.http_server import HttpServer
+from lakefeed.pipeline import EntityPipeline
+from lakefeed.push_api import Endpoint, PushApi, token_hash
+from lakefeed.spool import Spool, SpoolReader
+from tests.conftest import write_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Api:
+    cfg: config.LakefeedConfig
+    pipelines: dict[str, EntityPipeline]
+    endpoints: dict[str, Endpoint]
+    api: PushApi
+    server: HttpServer
+    host: str
+    port: int
+    batches: int = 0
+    done: dict[str, int] = field(default_factory=dict)
+
+    def post(self, body: bytes, content_type: str = "application/json", token: str | None = "t-orders",
+             path: str = "/v1/entities/orders/sources/api/records", **headers: str) -> tuple[int, dict, dict]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        head = {"Content-Type": content_type, **{k.replace("_", "-"): v for k, v in headers.items()}}
+        if token is not None:
+            head["Authorization"] = f"Bearer {token}"
+        conn.request("POST", path, body=body, headers=head)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, json.loads(data) if data else {}, dict(resp.getheaders())
+
+    def frames(self, stream: str = "api", entity: str = "orders") -> int:
+        return SpoolReader(self.cfg.entity(entity).spool(stream)).refresh()
+
+    def ingest(self, stream: str = "api", entity: str = "orders") -> None:
+        """What the stream's micro-batch does: the frames not yet processed, into the tables."""
+        reader = SpoolReader(self.cfg.entity(entity).spool(stream))
+        end = reader.refresh()
+        entries = reader.entries(max(reader.start(), self.done.get(entity, 0)), end)
+        self.pipelines[entity].process_frames(stream, entries, self.batches)
+        self.batches += 1
+        self.done[entity] = end
+
+    def table(self, entity: str = "orders") -> list[dict]:
+        return DeltaTable(str(self.cfg.entity(entity).table)).to_pyarrow_table().sort_by("id").to_pylist()
+
+
+def _entity(name: str, token: str, **push: object) -> dict:
+    return {"name": name, "cdc": {"strategy": "upsert", "primary_key": ["id"]},
+            "push": [{"name": "api", "tokens_sha256": [token_hash(token)], **push}]}
+
+
+@pytest.fixture
+def make_api(tmp_path):
+    made: list[Api] = []
+
+    def make(http: dict | None = None, **push: object) -> Api:
+        path = write_config(tmp_path, [_entity("orders", "t-orders", **push), _entity("other", "t-other")],
+                            http={"host": "127.0.0.1", "port": 0, **(http or {})})
+        cfg = config.load(path)
+        pipelines, endpoints = {}, {}
+        for entity in cfg.entities:
+            checkpoint = entity.stream_checkpoint("api")
+            checkpoint.mkdir(parents=True)
+            (checkpoint / "metadata").write_text(json.dumps({"id": f"q-{entity.name}"}))
+            pipelines[entity.name] = EntityPipeline(entity, Sinks.delta_rs(entity))
+            pipelines[entity.name].prepare()
+            endpoints[entity.name] = Endpoint.open(entity, entity.push[0], pipelines[entity.name])
+        api = PushApi(list(endpoints.values()), cfg.http.max_body_bytes)
+        server = HttpServer(cfg.http, cfg.state_dir, api.routes())
+        url = server.start()
+        host, port = url.removeprefix("http://").split(":")
+        made.append(Api(cfg, pipelines, endpoints, api, server, host, int(port)))
+        return made[-1]
+
+    yield make
+    for api in made:
+        api.server.stop()
+        api.api.close()
+        for endpoint in api.endpoints.values():
+            endpoint.close()
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out.getvalue()
+
+
+def _arrow(rows: list[dict]) -> bytes:
+    table = pa.Table.from_pylist(rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_every_content_type_is_acknowledged_after_the_spool_and_lands_in_delta(make_api):
+    api = make_api()
+    bodies = [
+        (json.dumps([{"id": 1, "v": "json"}, {"id": 2, "v": "json"}]).encode(), "application/json"),
+        (b'{"id": 2, "v": "ndjson"}\n{"id": 3, "v": "ndjson"}\n', "application/x-ndjson"),
+        (b"id,v\n4,csv\n5,csv\n", "text/csv; charset=utf-8"),
+        (_parquet([{"id": 6, "v": "parquet"}]), "application/vnd.apache.parquet"),
+        (_arrow([{"id": 1, "v": "arrow"}, {"id": 7, "v": "arrow"}]), "application/vnd.apache.arrow.stream"),
+    ]
+    answers = [api.post(body, kind) for body, kind in bodies]
+    assert [(status, a["batch"], a["records"]) for status, a, _ in answers] == [
+        (202, 0, 2), (202, 1, 2), (202, 2, 2), (202, 3, 1), (202, 4, 2)]
+    assert api.frames() == 5  # acknowledged means in the spool
+    api.ingest()
+    assert [(r["id"], r["v"]) for r in api.table()] == [
+        (1, "arrow"), (2, "ndjson"), (3, "ndjson"), (4, "csv"), (5, "csv"), (6, "parquet"), (7, "arrow")]
+    changelog = DeltaTable(str(api.cfg.entity("orders").changelog)).to_pyarrow_table()
+    # One change per key per batch: frame 0 was superseded by frames 1 and 4 within the batch.
+    assert set(changelog.column("source_file").to_pylist()) == {f"push/api/{n}" for n in (1, 2, 3, 4)}
+
+
+def test_auth_unknown_targets_and_content_types(make_api):
+    api = make_api()
+    body = b'[{"id": 1}]'
+    status, answer, headers = api.post(body, token=None)
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+    assert api.post(body, token="wrong")[0] == 401
+    status, answer, _ = api.post(body, token="t-other")
+    assert status == 403 and "orders/api" in answer["error"]
+    assert api.post(body, token="t-other", path="/v1/entities/other/sources/api/records")[0] == 202
+    assert api.post(body, path="/v1/entities/nope/sources/api/records")[0] == 404
+    assert api.post(body, path="/v1/entities/orders/sources/nope/records")[0] == 404
+    status, answer, _ = api.post(body, content_type="application/xml")
+    assert status == 415 and "text/csv" in answer["error"]
+    assert api.frames() == 0
+
+
+def test_body_size_limit(make_api):
+    api = make_api(http={"max_body_bytes": 2048})
+    small = json.dumps([{"id": i} for i in range(10)]).encode()
+    big = json.dumps([{"id": i, "pad": "x" * 50} for i in range(100)]).encode()
+    assert api.post(small)[0] == 202
+    status, answer, _ = api.post(big)
+    assert status == 413 and "2048" in answer["error"]
+    assert api.frames() == 1
+
+
+def test_malformed_and_invalid_records_are_rejected_whole_with_rows_and_fields(make_api):
+    api = make_api()
+    assert api.post(b'[{"id": 1, "v": "a", "n": 5}]')[0] == 202
+    api.ingest()  # the table now fixes the types: id int64, n int64
+    status, answer, _ = api.post(b'[{"id": 1, "v": "a"')
+    assert status == 400 and "not valid JSON" in answer["error"]
+    status, answer, _ = api.post(b'{"id": 2}\nnot json\n{"id": 3}\n', "application/x-ndjson")
+    assert status == 400 and [(p["row"], p["field"]) for p in answer["problems"]] == [(2, None)]
+    status, answer, _ = api.post(json.dumps([{"id": 2, "n": 1}, {"id": 3, "n": "many"}, {"v": "no key"},
+                                             {"id": "four", "n": 4}]).encode())
+    assert status == 400
+    assert sorted((p["row"], p["field"]) for p in answer["problems"]) == [(2, "n"), (3, "id"), (4, "id")]
+    assert answer["problems_total"] == 3 and "nothing was stored" in answer["error"]
+    status, answer, _ = api.post(b"id,n\n5,1\n6,2,extra\n", "text/csv")
+    assert status == 400 and answer["problems"][0]["row"] == 2
+    assert api.post(b"[]")[0] == 400
+    assert api.post(b"")[0] == 400
+    assert api.frames() == 1  # nothing of a rejected request was stored
+
+
+def test_idempotent_retries_are_acknowledged_again_and_stored_once(make_api):
+    api = make_api()
+    body = b'[{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]'
+    first = api.post(body, Idempotency_Key="req-1")
+    again = api.post(body, Idempotency_Key="req-1")
+    assert first[0] == again[0] == 202
+    assert (again[1]["batch"], again[1]["records"], again[1]["duplicate"]) == (first[1]["batch"], 2, True)
+    with ThreadPoolExecutor(8) as pool:  # a burst of concurrent retries of one new request
+        answers = list(pool.map(lambda _: api.post(body, Idempotency_Key="req-2"), range(8)))
+    assert {a[1]["batch"] for a in answers} == {1} and sum(not a[1]["duplicate"] for a in answers) == 1
+    assert api.frames() == 2
+    # The key outlives the segment holding its frame and a restart of the spool.
+    endpoint = api.endpoints["orders"]
+    endpoint.commit.close()
+    spool = Spool(api.cfg.entity("orders").spool("api"), segment_bytes=1, ttl_s=3600)
+    spool.append([])  # rotate: the old segment is complete
+    assert spool.release(2) == 1
+    spool.close()
+    reopened = Spool(api.cfg.entity("orders").spool("api"), segment_bytes=1, ttl_s=3600)
+    assert reopened.known("req-1").offset == 0 and reopened.known("req-2").offset == 1
+    assert reopened.next_offset == 2
+    endpoint.commit = type(endpoint.commit)(reopened, endpoint.source.spool_max_bytes)
+
+
+def test_concurrent_producers_share_fsyncs_and_get_dense_offsets(make_api):
+    api = make_api()
+    spool = api.endpoints["orders"].spool
+    appends = []
+    original = spool.append
+
+    def counting(items):
+        appends.append(len(items))
+        return original(items)
+
+    spool.append = counting
+    producers, each = 8, 40
+
+    def produce(p: int) -> list[int]:
+        out = []
+        for i in range(each):
+            status, answer, _ = api.post(json.dumps([{"id": p * 1000 + i, "v": "x"}]).encode())
+            assert status == 202
+            out.append(answer["batch"])
+        return out
+
+    with ThreadPoolExecutor(producers) as pool:
+        batches = [b for part in pool.map(produce, range(producers)) for b in part]
+    assert sorted(batches) == list(range(producers * each))
+    assert sum(appends) == producers * each
+    assert len(appends) < producers * each  # some requests shared one write + fsync
+    api.ingest()
+    assert len(api.table()) == producers * each
+
+
+def test_rate_limit_and_spool_bound_answer_with_retry_after(make_api):
+    api = make_api(rate_limit_per_s=1.0, spool_max_bytes=1)
+    body = b'[{"id": 1}]'
+    assert api.post(body)[0] == 202  # the spool is now over its bound of 1 byte
+    status, answer, headers = api.post(body)
+    assert status in (429, 503) and int(headers["Retry-After"]) >= 1
+    statuses = {api.post(body)[0] for _ in range(3)}
+    assert statuses <= {429, 503} and api.frames() == 1
+
+
+def test_event_time_header_and_column_validation(make_api):
+    api = make_api()
+    status, answer, _ = api.post(b'[{"id": 1}]', Event_Time="yesterday")
+    assert status == 400 and "Event-Time" in answer["error"]
+    assert api.post(b'[{"id": 1}]', Event_Time="2024-05-01T10:00:00Z")[0] == 202
+    api.ingest()
+    changelog = DeltaTable(str(api.cfg.entity("orders").changelog)).to_pyarrow_table()
+    assert [t.isoformat() for t in changelog.column("event_time").to_pylist()] == ["2024-05-01T10:00:00+00:00"]
+
+
+def test_the_openapi_document_is_served_and_kept_in_docs(make_api):
+    served = openapi.document()
+    assert json.loads((REPO / "docs" / "openapi.json").read_text()) == served, \
+        "docs/openapi.json is stale: run `lakefeed openapi > docs/openapi.json`"
+    post = served["paths"]["/v1/entities/{entity}/sources/{source}/records"]["post"]
+    assert {"202", "400", "401", "403", "404", "413", "415", "429", "503"} <= set(post["responses"])
+
+
+def test_torn_spool_tail_is_dropped_and_the_reader_resumes_after_released_segments(tmp_path):
+    from lakefeed.spool import Pending
+
+    folder = tmp_path / "spool"
+    spool = Spool(folder, segment_bytes=1, ttl_s=60)
+    for _ in range(3):
+        spool.append([Pending(b"x" * 10, 1, None, None)])  # one frame per segment (segment_bytes=1)
+    assert spool.release(2) == 2  # frames 0 and 1 are committed; the segment holding 2 stays
+    last = sorted(folder.glob("*.spool"))[-1]
+    with open(last, "ab") as f:
+        f.write(b"LFS1\x00\x00")  # a torn frame from a crash mid-append
+    reopened = Spool(folder, segment_bytes=1, ttl_s=60)
+    assert reopened.next_offset == 3
+    reader = SpoolReader(folder)
+    assert (reader.refresh(), reader.start()) == (3, 2)
+    assert [e.offset for e in reader.entries(2, 3)] == [2]
+    reopened.close()
+    spool.close()
