@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from lakefeed import config, log
 from lakefeed.errors import ConfigError, TerminalError
@@ -30,6 +31,18 @@ def _parser() -> argparse.ArgumentParser:
     advance.add_argument("--to", required=True, help="ISO 8601 time, e.g. 2024-05-01T00:00:00Z")
     sub.add_parser("openapi", help="print the HTTP API's OpenAPI document (docs/openapi.json)")
     sub.add_parser("token", help="make a bearer token for a push source and print it with its sha256 for the config")
+    status = sub.add_parser("status", help="ask the running daemon how each entity is doing")
+    status.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    status.add_argument("--url", help="the daemon's HTTP address (default: from state_dir/http.json)")
+    status.add_argument("--json", action="store_true", help="print the /status document as is")
+    backfill = sub.add_parser("backfill", help="process everything pending (files, spooled pushes), then exit")
+    backfill.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    manifest = sub.add_parser("manifest", help="about the CDM manifests lakefeed keeps")
+    m_sub = manifest.add_subparsers(dest="manifest_command", required=True)
+    show = m_sub.add_parser("show", help="list an entity's partitions as the manifest records them")
+    show.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    show.add_argument("--entity", action="append", help="only this entity (repeatable)")
+    show.add_argument("--json", action="store_true", help="print the manifest's entity objects as JSON")
     cfg = sub.add_parser("config", help="about the configuration")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     cfg_sub.add_parser("schema", help="print the config's JSON Schema")
@@ -71,10 +84,24 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(cfg, args.entity)
     if args.command == "watermark":
         return _advance_watermark(cfg, args.entity, args.to)
-    from lakefeed.supervisor import Supervisor  # Spark is heavy: only for `run`
+    if args.command == "status":
+        from lakefeed.status_cli import show_status
+
+        return show_status(cfg, args.url, args.json)
+    if args.command == "manifest":
+        from lakefeed.status_cli import show_manifest
+
+        return show_manifest(cfg, args.entity, args.json)
+    from lakefeed.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
 
     try:
-        return Supervisor(cfg).run()
+        if args.command == "backfill":
+            from lakefeed.status_cli import Progress
+
+            supervisor = Supervisor(cfg, drain=True)
+            with Progress(supervisor):
+                return supervisor.run()
+        return Supervisor(cfg, Path(args.config)).run()
     except TerminalError as exc:
         log.get("lakefeed").error("daemon.failed", error=str(exc))
         print(f"lakefeed: {exc}", file=sys.stderr)

@@ -55,6 +55,7 @@ class BatchResult:
     deletes_of_absent: int = 0
     stale: int = 0
     skipped: bool = False
+    watermark: datetime | None = None
     partitions: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -114,6 +115,7 @@ class Committer:
                     log_.info("rows.late_dropped", rows=result.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
                 data = data.filter(pa.array(~late))
         new_watermark = event_time.advance(watermark, data, self.cfg.event_time)
+        result.watermark = new_watermark
         reduced = None
         if self.cfg.cdc.keyed:
             reduced = self._reduce(data, snapshot_file, checked_at)

@@ -291,6 +291,8 @@ class LakefeedConfig(_Frozen):
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_s: float = Field(default=60.0, gt=0)
+    stall_timeout_s: float = Field(default=600.0, gt=0, description="A stream with work waiting and no batch "
+                                   "finished for this long is stuck: the systemd watchdog pings stop.")
     spark: SparkConfig = SparkConfig()
     http: HttpConfig = HttpConfig()
     entities: tuple[EntityConfig, ...]

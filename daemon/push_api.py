@@ -90,13 +90,43 @@ class Endpoint:
 
 
 class PushApi:
+    """The push routes over the endpoints of the running entities (attached and detached on reload)."""
+
     def __init__(self, endpoints: list[Endpoint], max_body_bytes: int, workers: int = 4) -> None:
         self.max_body_bytes = max_body_bytes
-        self.endpoints = {(e.cfg.name, e.source.name): e for e in endpoints}
-        self._hashes = {(e.cfg.name, e.source.name): e.source.tokens_sha256 for e in endpoints}
+        self.endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._hashes: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._paused: set[tuple[str, str]] = set()
+        self._active: dict[tuple[str, str], int] = {}  # requests in progress per target
+        self._lock = threading.Lock()
         self._decoders = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push-decode")
         self._inflight: dict[tuple[str, str, str], asyncio.Future[Entry | None]] = {}
         self.accepting = True
+        self.attach(endpoints)
+
+    def attach(self, endpoints) -> None:
+        with self._lock:
+            for e in endpoints:
+                self.endpoints[(e.cfg.name, e.source.name)] = e
+                self._hashes[(e.cfg.name, e.source.name)] = e.source.tokens_sha256
+
+    def pause(self, targets: list[tuple[str, str]], timeout: float = 30.0) -> None:
+        """New requests get 503 + Retry-After; wait until the ones in progress are answered."""
+        with self._lock:
+            self._paused.update(targets)
+        deadline = time.monotonic() + timeout
+        while any(self._active.get(t) for t in targets) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def resume(self, targets: list[tuple[str, str]]) -> None:
+        with self._lock:
+            self._paused.difference_update(targets)
+
+    def detach(self, targets: list[tuple[str, str]]) -> None:
+        with self._lock:
+            for t in targets:
+                self.endpoints.pop(t, None)
+                self._hashes.pop(t, None)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(ROUTE, self.push)]
@@ -107,9 +137,11 @@ class PushApi:
         if scheme.lower() != "bearer" or not token.strip():
             raise _error(401, "send `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
         digest = token_hash(token.strip())
+        with self._lock:
+            known = list(self._hashes.items())
         matches = {name: any([hmac.compare_digest(digest, h) for h in hashes])  # every hash compared
-                   for name, hashes in self._hashes.items()}
-        if matches[target]:
+                   for name, hashes in known}
+        if matches.get(target):
             return
         if any(matches.values()):
             raise _error(403, f"this token may not push to {target[0]}/{target[1]}")
@@ -117,9 +149,22 @@ class PushApi:
 
     async def push(self, request: web.Request) -> web.Response:
         target = (request.match_info["entity"], request.match_info["source"])
-        endpoint = self.endpoints.get(target)
+        with self._lock:
+            endpoint = self.endpoints.get(target)
+            paused = target in self._paused
+            if endpoint is not None and not paused:
+                self._active[target] = self._active.get(target, 0) + 1
+        if paused:
+            raise _error(503, "this source is being reconfigured; retry in a moment", {"Retry-After": "1"})
         if endpoint is None:
             raise _error(404, f"no push source {target[1]!r} for entity {target[0]!r}")
+        try:
+            return await self._push(request, target, endpoint)
+        finally:
+            with self._lock:
+                self._active[target] -= 1
+
+    async def _push(self, request: web.Request, target: tuple[str, str], endpoint: Endpoint) -> web.Response:
         self._authorize(request, target)
         if not self.accepting:
             raise _error(503, "lakefeed is stopping; retry against the restarted daemon", {"Retry-After": "5"})

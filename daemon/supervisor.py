@@ -1,9 +1,15 @@
-"""The supervisor: one streaming query per entity, their sources, and the process lifecycle.
+"""The supervisor: the entities' runners, the HTTP server and the process lifecycle.
 
-Signal handlers only set flags; the main loop does the work. Shutdown stops intake first
-(sources stop enqueueing), lets each running micro-batch finish within the timeout, then
-stops the queries. Whatever a stop interrupts is replayed exactly once from the checkpoint
-at the next start.
+Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and
+SIGINT stop: intake first (pushes get 503, sources stop), then each running micro-batch
+finishes and commits, then the queries stop; a second signal exits at once. SIGHUP, or the
+config file changing on disk, reloads: the new config is validated whole, and only entities
+whose config changed are restarted (their checkpoints and spools intact); the others keep
+running untouched. Whatever a stop interrupts is replayed exactly once at the next start.
+
+systemd (sd_notify): READY=1 once every query runs, STATUS= a one-line summary,
+RELOADING=1 + MONOTONIC_USEC= then READY=1 around a reload, STOPPING=1, and WATCHDOG=1 only
+while every stream is healthy (running, and making progress or idle with nothing waiting).
 """
 
 from __future__ import annotations
@@ -12,200 +18,203 @@ import os
 import signal
 import threading
 import time
-from contextlib import ExitStack
-from functools import partial
+from pathlib import Path
 from types import FrameType
 
-from aiohttp import web
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql import SparkSession
 
-from lakefeed import log, openapi, spark
-from lakefeed.commit import Sinks
-from lakefeed.config import FILES, EntityConfig, LakefeedConfig
-from lakefeed.connectors.inbox_stream import FORMAT as INBOX
-from lakefeed.connectors.local_dir import LocalDirSource
-from lakefeed.connectors.spool_stream import FORMAT as SPOOL
-from lakefeed.errors import LakefeedError
+from lakefeed import config, log, spark, status_api
+from lakefeed.config import EntityConfig, LakefeedConfig
+from lakefeed.config_watch import ConfigWatcher
+from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.http_server import HttpServer
-from lakefeed.inbox import Inbox, InboxRecord
+from lakefeed.metrics import Metrics
 from lakefeed.notify import notify
-from lakefeed.pipeline import EntityPipeline
-from lakefeed.push_api import Endpoint, PushApi
-from lakefeed.spool import Entry
+from lakefeed.push_api import PushApi
+from lakefeed.runner import EntityRunner
 
 _log = log.get(__name__)
-_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
-
-
-class EntityRunner:
-    """An entity's pipeline and one streaming query per source: its files and each push source."""
-
-    def __init__(self, session: SparkSession, cfg: EntityConfig, trigger_interval_s: float,
-                 excluded: tuple) -> None:
-        self.cfg = cfg
-        self._spark = session
-        self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
-        self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
-        self.inbox: Inbox | None = None
-        self.source: LocalDirSource | None = None
-        if cfg.source is not None:
-            self.inbox = Inbox(cfg.state / "inbox")
-            self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
-                                         excluded=excluded)
-        self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
-        self.queries: dict[str, StreamingQuery] = {}
-        self.error: str | None = None
-
-    def start(self) -> None:
-        self.pipeline.prepare()
-        if self.source is not None:
-            self.source.start()
-        for stream in self.cfg.streams():
-            self.queries[stream] = self._start_query(stream)
-        # Ready means each query has run its first trigger (a new query's first batch is always an
-        # empty one), so the first file landing is not kept waiting behind start-up work.
-        deadline = time.monotonic() + 120
-        for query in self.queries.values():
-            while query.isActive and query.status["message"] not in _WAITING and time.monotonic() < deadline:
-                time.sleep(0.05)
-        _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
-
-    def _start_query(self, stream: str) -> StreamingQuery:
-        if stream == FILES:
-            assert self.cfg.source is not None
-            frame = (self._spark.readStream.format(INBOX).option("path", str(self.cfg.state / "inbox"))
-                     .option("maxFilesPerTrigger", str(self.cfg.source.max_files_per_trigger)).load())
-            handler = self._file_batch
-        else:
-            push = self.cfg.push_source(stream)
-            assert push is not None
-            frame = (self._spark.readStream.format(SPOOL).option("path", str(self.cfg.spool(stream)))
-                     .option("maxRecordsPerTrigger", str(push.max_records_per_trigger)).load())
-            handler = partial(self._push_batch, stream)
-        return (frame.writeStream.foreachBatch(handler)
-                .option("checkpointLocation", str(self.cfg.stream_checkpoint(stream)))
-                .queryName(f"lakefeed_{self.cfg.name}_{stream}")
-                .trigger(processingTime=self._trigger)
-                .start())
-
-    def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
-        records = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
-        self._guarded(lambda: self.pipeline.process(records, batch_id), batch_id)
-
-    def _push_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
-        entries = sorted((Entry(*row) for row in frame.collect()), key=lambda e: e.offset)
-        if entries:
-            # Batches before this one are in Spark's commit log: their frames are no longer needed.
-            self.endpoints[stream].spool.release(entries[0].offset)
-        self._guarded(lambda: self.pipeline.process_frames(stream, entries, batch_id), batch_id)
-
-    def _guarded(self, work, batch_id: int) -> None:
-        try:
-            work()
-        except LakefeedError as exc:
-            self.error = str(exc)
-            _log.error("entity.failed", entity=self.cfg.name, batch_id=batch_id, error=str(exc))
-            raise
-
-    def stop_intake(self) -> None:
-        if self.source is not None:
-            self.source.stop()
-
-    def stop(self, deadline: float) -> None:
-        for query in self.queries.values():
-            # Let a running batch finish: stop() would interrupt it (it would be replayed at restart).
-            while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            query.stop()
-        if self.inbox is not None:
-            self.inbox.close()
-        for endpoint in self.endpoints.values():
-            endpoint.close()
-        _log.info("entity.stopped", entity=self.cfg.name)
-
-    def running(self) -> bool:
-        return self.error is None and bool(self.queries) and all(q.isActive for q in self.queries.values())
-
-    def check(self) -> None:
-        """Report a query that died (once)."""
-        for stream, query in self.queries.items():
-            if not query.isActive and self.error is None:
-                exc = query.exception()
-                self.error = str(exc) if exc else "stopped"
-                _log.error("entity.failed", entity=self.cfg.name, stream=stream, error=self.error[:2000])
+# Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
+RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
 
 class Supervisor:
-    def __init__(self, cfg: LakefeedConfig) -> None:
+    def __init__(self, cfg: LakefeedConfig, config_path: Path | None = None, drain: bool = False) -> None:
         self.cfg = cfg
+        self.config_path = config_path
+        self.drain = drain  # backfill: process what is pending, then stop
+        self.metrics = Metrics()
+        self.runners: dict[str, EntityRunner] = {}
+        self.config_problems: list[str] = []
+        self.needs_restart: list[str] = []
+        self.ready = False
+        self.url = ""
         self._stop = threading.Event()
+        self._reload = threading.Event()
         self._signals = 0
-        self.runners: list[EntityRunner] = []
+        self._session: SparkSession | None = None
+        self._excluded: tuple = ()
+        self.api = PushApi([], cfg.http.max_body_bytes)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reload.set()
+            return
         self._signals += 1
         if self._signals > 1:
             os._exit(128 + signum)  # a second signal: the operator does not want to wait
         self._stop.set()
 
+    def request_stop(self) -> None:
+        self._stop.set()
+
     def run(self) -> int:
-        session = spark.session(self.cfg.spark)
+        session = self._session = spark.session(self.cfg.spark)
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
-        spark.warm_up(session)
-        excluded = (self.cfg.lake_dir, self.cfg.state_dir)
-        with ExitStack() as stack:
-            stack.callback(session.stop)
-            self.runners = [EntityRunner(session, entity, self.cfg.spark.trigger_interval_s, excluded)
-                            for entity in self.cfg.entities]
-            api = PushApi([e for r in self.runners for e in r.endpoints.values()], self.cfg.http.max_body_bytes)
-            http = HttpServer(self.cfg.http, self.cfg.state_dir, [*api.routes(), *self._routes()])
+        try:
+            spark.warm_up(session)
+            self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
+            http = HttpServer(self.cfg.http, self.cfg.state_dir, [*self.api.routes(), *status_api.routes(self)])
+            if not self.drain:
+                self.url = http.start()
+            watcher = ConfigWatcher(self.config_path, self._reload.set) if self.config_path and not self.drain \
+                else None
             try:
-                http.start()
-            except LakefeedError:
-                for runner in self.runners:
-                    runner.stop(time.monotonic())
-                raise
-            for runner in self.runners:
-                try:
-                    runner.start()
-                except LakefeedError as exc:
-                    runner.error = str(exc)
+                for entity in self.cfg.entities:
+                    self._start(entity)
+                self._serve(watcher)
+            finally:
+                self.api.accepting = False  # pushes get 503 from now on; acknowledged ones are in the spools
+                if watcher is not None:
+                    watcher.stop()
+                for runner in self.runners.values():
                     runner.stop_intake()
-                    _log.error("entity.failed", entity=runner.cfg.name, error=str(exc))
-            running = [r.cfg.name for r in self.runners if r.error is None]
-            _log.info("daemon.ready", entities=running, http=http.url)
-            failed = len(self.runners) - len(running)
-            notify(READY="1", STATUS=f"{len(running)} entities running" + (f", {failed} failed" if failed else ""))
-            while not self._stop.wait(0.5):
-                for runner in self.runners:
-                    runner.check()
-            _log.info("daemon.stopping")
-            notify(STOPPING="1", STATUS="stopping: finishing running batches")
-            api.accepting = False  # pushes get 503 from now on; acknowledged ones are in the spools
-            for runner in self.runners:
-                runner.stop_intake()
-            http.stop()
-            api.close()
-            deadline = time.monotonic() + self.cfg.shutdown_timeout_s
-            for runner in self.runners:
-                runner.stop(deadline)
+                http.stop()
+                deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+                for runner in self.runners.values():
+                    runner.stop(deadline)
+                self.api.close()
+        finally:
+            session.stop()
         _log.info("daemon.stopped")
         return 0
 
-    def _routes(self) -> list[web.RouteDef]:
-        async def healthz(_: web.Request) -> web.Response:
-            return web.json_response({"status": "alive"})
+    def _serve(self, watcher: ConfigWatcher | None) -> None:
+        running = [n for n, r in self.runners.items() if r.error is None]
+        self.ready = True
+        _log.info("daemon.ready", entities=running, http=self.url or None)
+        notify(READY="1", STATUS=self.status_line())
+        if watcher is not None:
+            watcher.start()
+        watchdog_s = _watchdog_interval()
+        last_ping = last_status = 0.0
+        status = ""
+        while not self._stop.wait(0.25):
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            healthy = True
+            for runner in list(self.runners.values()):
+                runner.check()
+                runner.sample()
+                healthy &= runner.healthy(self.cfg.stall_timeout_s)
+            self.metrics.sample()
+            now = time.monotonic()
+            if watchdog_s and healthy and now - last_ping >= watchdog_s:
+                notify(WATCHDOG="1")
+                last_ping = now
+            if now - last_status >= 5:
+                line = self.status_line()
+                if line != status:
+                    notify(STATUS=line)
+                    status = line
+                last_status = now
+            if self.drain and all(r.drained() for r in self.runners.values()):
+                _log.info("backfill.drained", entities=list(self.runners))
+                break
+        _log.info("daemon.stopping")
+        notify(STOPPING="1", STATUS="stopping: finishing running batches")
 
-        async def readyz(_: web.Request) -> web.Response:
-            down = [r.cfg.name for r in self.runners if not r.running()]
-            return web.json_response({"ready": not down, "not_running": down}, status=503 if down else 200)
+    def status_line(self) -> str:
+        failed = [n for n, r in self.runners.items() if r.error is not None]
+        backlog = sum(r.backlog(s) for r in self.runners.values() for s in r.queries)
+        line = f"{len(self.runners) - len(failed)} entities running"
+        if failed:
+            line += f", {len(failed)} failed ({', '.join(failed)})"
+        line += f", backlog {backlog}"
+        if self.config_problems:
+            line += f"; config reload rejected ({len(self.config_problems)} problems), old config kept"
+        if self.needs_restart:
+            line += f"; restart needed for {', '.join(self.needs_restart)}"
+        return line
 
-        async def openapi_json(_: web.Request) -> web.Response:
-            return web.json_response(openapi.document())
+    def _start(self, entity: EntityConfig) -> None:
+        assert self._session is not None
+        runner = EntityRunner(self._session, entity, self.cfg.spark.trigger_interval_s, self._excluded,
+                              self.metrics)
+        self.runners[entity.name] = runner
+        self.api.attach(runner.endpoints.values())
+        try:
+            runner.start(reconcile_first=self.drain)
+        except LakefeedError as exc:
+            runner.error, runner.terminal = str(exc), True
+            runner.stop_intake()
+            self.metrics.error(entity.name, type(exc).__name__)
+            _log.error("entity.failed", entity=entity.name, error=str(exc))
 
-        return [web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/openapi.json", openapi_json)]
+    def _stop_entity(self, name: str) -> None:
+        runner = self.runners.pop(name)
+        targets = [(name, s) for s in runner.endpoints]
+        self.api.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
+        runner.stop_intake()
+        runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
+        self.api.detach(targets)
+
+    def reload(self) -> None:
+        """Apply the config file again: validate it whole, then start, stop or restart what changed."""
+        if self.config_path is None:
+            return
+        try:
+            new = config.load(self.config_path)
+        except ConfigError as exc:
+            self.config_problems = exc.problems
+            for problem in exc.problems:
+                _log.error("config.invalid", problem=problem)
+            _log.error("reload.rejected", problems=len(exc.problems), reason="the running config is kept")
+            notify(STATUS=self.status_line())
+            return
+        notify(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+        self.config_problems = []
+        self.needs_restart = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.cfg, f)]
+        old = {e.name: e for e in self.cfg.entities}
+        wanted = {e.name: e for e in new.entities}
+        removed = [n for n in old if n not in wanted]
+        added = [n for n in wanted if n not in old]
+        changed = [n for n in wanted if n in old and wanted[n] != old[n]]
+        for name in removed + changed:
+            self._stop_entity(name)
+        if new.log_level != self.cfg.log_level:
+            log.configure(new.log_level)
+        # What needs a restart keeps its running value until then.
+        self.cfg = new.model_copy(update={f: getattr(self.cfg, f) for f in self.needs_restart})
+        for name in changed + added:
+            self._start(wanted[name])
+        for name in changed:
+            self.api.resume([(name, s) for s in self.runners[name].endpoints])
+        _log.info("reload.applied", added=added, removed=removed, restarted=changed,
+                  unchanged=[n for n in wanted if n not in added and n not in changed],
+                  needs_restart=self.needs_restart)
+        notify(READY="1", STATUS=self.status_line())
+
+
+def _watchdog_interval() -> float:
+    """Half of systemd's WatchdogSec (WATCHDOG_USEC), when the watchdog is meant for this process."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return 0.0
+    return int(usec) / 2e6

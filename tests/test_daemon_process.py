@@ -124,7 +124,8 @@ def test_sigint_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(
     notify_socket.settimeout(60)
     daemon.start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     ready = notify_socket.recv(4096).decode()
-    assert "READY=1" in ready.splitlines() and "STATUS=1 entities running, 1 failed" in ready.splitlines()
+    assert "READY=1" in ready.splitlines()
+    assert "STATUS=1 entities running, 1 failed (other), backlog 0" in ready.splitlines()
     failures = [json.loads(line) for line in daemon.log.read_text().splitlines()
                 if '"event": "entity.failed"' in line]
     assert len(failures) == 1 and failures[0]["entity"] == "other"
@@ -134,7 +135,7 @@ def test_sigint_finishes_and_exits_zero_and_bad_manifest_stops_only_that_entity(
     land(tmp_path / "landing" / "sales" / "a.csv", _csv(0))  # the healthy entity keeps working
     wait_for(lambda: _table_rows(tmp_path / "lake" / "sales" / "table") == ROWS_PER_FILE, 60, what="rows")
     daemon.signal(signal.SIGINT)  # Ctrl-C stops as gracefully as SIGTERM
-    assert "STOPPING=1" in notify_socket.recv(4096).decode().splitlines()
+    wait_for(lambda: "STOPPING=1" in notify_socket.recv(4096).decode().splitlines(), 60, 0, "STOPPING=1")
     assert daemon.wait(90) == 0
     assert daemon.events("daemon.stopped") == 1
     notify_socket.close()

@@ -1,0 +1,55 @@
+"""Noticing that the config file changed on disk (edited in place or replaced by a rename)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from lakefeed import log
+
+DEBOUNCE_S = 0.5
+_log = log.get(__name__)
+
+
+class ConfigWatcher(FileSystemEventHandler):
+    """Calls `on_change` once the file has been quiet for DEBOUNCE_S after a change."""
+
+    def __init__(self, path: Path, on_change: Callable[[], None]) -> None:
+        self.path = path.resolve()
+        self._on_change = on_change
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._observer = Observer()
+        self._observer.daemon = True
+
+    def start(self) -> None:
+        # The folder, not the file: an editor or `mv` replaces the file, and its inode with it.
+        self._observer.schedule(self, str(self.path.parent), recursive=False)
+        self._observer.start()
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        paths = {event.src_path, getattr(event, "dest_path", "")}
+        if event.event_type in ("opened", "closed_no_write") or str(self.path) not in paths:
+            return
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(DEBOUNCE_S, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        _log.info("config.changed", path=str(self.path))
+        self._on_change()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+        if self._observer.is_alive():
+            self._observer.stop()
+            self._observer.join(5)

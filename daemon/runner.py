@@ -1,0 +1,188 @@
+"""An entity at run time: its pipeline, its sources and one streaming query per source.
+
+Each query's foreachBatch hands the batch to the entity's pipeline (which lets one commit run
+at a time), records what it did in the daemon's metrics, and for push sources releases the
+spool segments that earlier, committed batches consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from lakefeed import log
+from lakefeed.commit import BatchResult, Sinks
+from lakefeed.config import FILES, EntityConfig
+from lakefeed.connectors.inbox_stream import FORMAT as INBOX
+from lakefeed.connectors.local_dir import LocalDirSource
+from lakefeed.connectors.spool_stream import FORMAT as SPOOL
+from lakefeed.errors import LakefeedError
+from lakefeed.inbox import Inbox, InboxRecord
+from lakefeed.metrics import Metrics
+from lakefeed.pipeline import EntityPipeline
+from lakefeed.push_api import Endpoint
+from lakefeed.spool import Entry
+
+_log = log.get(__name__)
+_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+
+
+def committed_offset(checkpoint: Path) -> int | None:
+    """The end offset of the last batch a query committed (from Spark's checkpoint), if any."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text(encoding="utf-8").splitlines()
+    return int(json.loads(lines[2])["offset"])
+
+
+class EntityRunner:
+    """An entity's pipeline and one streaming query per source: its files and each push source."""
+
+    def __init__(self, session: SparkSession, cfg: EntityConfig, trigger_interval_s: float,
+                 excluded: tuple, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self._spark = session
+        self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
+        self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        self.inbox: Inbox | None = None
+        self.source: LocalDirSource | None = None
+        if cfg.source is not None:
+            self.inbox = Inbox(cfg.state / "inbox")
+            self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
+                                         excluded=excluded)
+        self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
+        self.queries: dict[str, StreamingQuery] = {}
+        self.consumed: dict[str, int] = {s: committed_offset(cfg.stream_checkpoint(s)) or 0 for s in cfg.streams()}
+        self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
+        self.error: str | None = None
+        self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
+
+    def start(self, reconcile_first: bool = False) -> None:
+        """Start the sources and queries; `reconcile_first` lists the landing folder before (backfill)."""
+        self.pipeline.prepare()
+        if self.source is not None:
+            if reconcile_first:
+                self.source.reconcile()
+            self.source.start()
+        for stream in self.cfg.streams():
+            self.queries[stream] = self._start_query(stream)
+        # Ready means each query has run its first trigger (a new query's first batch is always an
+        # empty one), so the first file landing is not kept waiting behind start-up work.
+        deadline = time.monotonic() + 120
+        for query in self.queries.values():
+            while query.isActive and query.status["message"] not in _WAITING and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
+
+    def _start_query(self, stream: str) -> StreamingQuery:
+        if stream == FILES:
+            assert self.cfg.source is not None
+            frame = (self._spark.readStream.format(INBOX).option("path", str(self.cfg.state / "inbox"))
+                     .option("maxFilesPerTrigger", str(self.cfg.source.max_files_per_trigger)).load())
+            handler = self._file_batch
+        else:
+            push = self.cfg.push_source(stream)
+            assert push is not None
+            frame = (self._spark.readStream.format(SPOOL).option("path", str(self.cfg.spool(stream)))
+                     .option("maxRecordsPerTrigger", str(push.max_records_per_trigger)).load())
+            handler = partial(self._push_batch, stream)
+        return (frame.writeStream.foreachBatch(handler)
+                .option("checkpointLocation", str(self.cfg.stream_checkpoint(stream)))
+                .queryName(f"lakefeed_{self.cfg.name}_{stream}")
+                .trigger(processingTime=self._trigger)
+                .start())
+
+    def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
+        records = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
+        self._run(FILES, batch_id, lambda: self.pipeline.process(records, batch_id),
+                  records[-1].offset + 1 if records else None)
+
+    def _push_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
+        entries = sorted((Entry(*row) for row in frame.collect()), key=lambda e: e.offset)
+        if entries:
+            # Batches before this one are in Spark's commit log: their frames are no longer needed.
+            self.endpoints[stream].spool.release(entries[0].offset)
+        self._run(stream, batch_id, lambda: self.pipeline.process_frames(stream, entries, batch_id),
+                  entries[-1].offset + 1 if entries else None)
+
+    def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
+        started = time.monotonic()
+        try:
+            result = work()
+        except LakefeedError as exc:
+            self.error, self.terminal = str(exc), True
+            self.metrics.error(self.cfg.name, type(exc).__name__)
+            _log.error("entity.failed", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=str(exc))
+            raise
+        except Exception as exc:
+            self.metrics.error(self.cfg.name, type(exc).__name__)
+            raise
+        self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
+        if end is not None:
+            self.consumed[stream] = end
+        self.progress_at = time.monotonic()
+
+    def backlog(self, stream: str) -> int:
+        """Files or frames waiting for the stream (appended but not yet in a committed batch)."""
+        written = len(self.inbox) if stream == FILES and self.inbox is not None else \
+            self.endpoints[stream].spool.next_offset
+        return max(0, written - self.consumed.get(stream, 0))
+
+    def healthy(self, stall_s: float) -> bool:
+        """Each stream is making progress or idle with nothing waiting. An entity stopped by an
+        error lakefeed reported (`terminal`) counts as healthy: a restart would not mend it."""
+        if self.error is not None:
+            return self.terminal
+        if not self.running():
+            return False
+        if all(self.backlog(s) == 0 for s in self.queries):
+            self.progress_at = time.monotonic()
+        return time.monotonic() - self.progress_at < stall_s
+
+    def drained(self) -> bool:
+        """Nothing waiting and no batch running (or the entity failed): backfill may stop."""
+        if self.error is not None:
+            return True
+        return all(self.backlog(s) == 0 and not q.status["isTriggerActive"] for s, q in self.queries.items())
+
+    def sample(self) -> None:
+        for stream in self.cfg.streams():
+            query = self.queries.get(stream)
+            self.metrics.set_backlog(self.cfg.name, stream, self.backlog(stream),
+                                     query is not None and query.isActive)
+
+    def stop_intake(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+
+    def stop(self, deadline: float) -> None:
+        for query in self.queries.values():
+            # Let a running batch finish: stop() would interrupt it (it would be replayed at restart).
+            while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            query.stop()
+        if self.inbox is not None:
+            self.inbox.close()
+        for endpoint in self.endpoints.values():
+            endpoint.close()
+        _log.info("entity.stopped", entity=self.cfg.name)
+
+    def running(self) -> bool:
+        return self.error is None and bool(self.queries) and all(q.isActive for q in self.queries.values())
+
+    def check(self) -> None:
+        """Report a query that died (once)."""
+        for stream, query in self.queries.items():
+            if not query.isActive and self.error is None:
+                exc = query.exception()
+                self.error = str(exc) if exc else "stopped"
+                self.metrics.error(self.cfg.name, "query_stopped")
+                _log.error("entity.failed", entity=self.cfg.name, stream=stream, error=self.error[:2000])

@@ -1,0 +1,316 @@
+"""Operating a real daemon: health, metrics, status (CLI and page in headless Chromium), reload, watchdog,
+startup failures and backfill. Real processes, real signals, real HTTP, a real NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from lakefeed.push_api import token_hash
+from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.test_daemon_process import Daemon
+
+TOKEN = "t-ops"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _push_entity(name: str = "events", **push: object) -> dict:
+    return {"name": name, "push": [{"name": "api", "tokens_sha256": [token_hash(TOKEN)], **push}]}
+
+
+class Client:
+    def __init__(self, state: Path) -> None:
+        url = json.loads((state / "http.json").read_text())["url"]
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        self.url = url
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict | None = None) -> tuple[int, bytes, dict]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data, dict(resp.getheaders())
+
+    def get_json(self, path: str) -> tuple[int, dict]:
+        status, data, _ = self.request("GET", path)
+        return status, json.loads(data)
+
+    def push(self, rows: list[dict], entity: str = "events") -> tuple[int, dict]:
+        status, data, _ = self.request("POST", f"/v1/entities/{entity}/sources/api/records", json.dumps(rows).encode(),
+                                       {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        return status, json.loads(data)
+
+
+def _ids(table: Path) -> list[int]:
+    try:
+        return DeltaTable(str(table)).to_pyarrow_table().column("id").to_pylist()
+    except Exception:
+        return []
+
+
+def _notify_socket(tmp_path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(0.2)
+    return sock
+
+
+class Notifications:
+    """Every sd_notify datagram the daemon sends, with the time it arrived."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.messages = sock, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append((time.monotonic(), self.sock.recv(4096).decode()))
+            except TimeoutError:
+                continue
+
+    def with_field(self, field: str) -> list[tuple[float, str]]:
+        return [(t, m) for t, m in list(self.messages) if any(line.startswith(field) for line in m.splitlines())]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def daemons():
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
+def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
+    config = write_config(tmp_path, [entity_yaml(), _push_entity()])
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    daemon.start()
+    client = Client(tmp_path / "state")
+    assert client.get_json("/healthz") == (200, {"status": "alive"})
+    assert client.get_json("/readyz")[0] == 200
+    land(tmp_path / "landing" / "sales" / "a.csv", "id,amount\n1,2.5\n2,3.5\n3\n")  # row 4: too few columns
+    assert client.push([{"id": i, "v": "x"} for i in range(5)])[0] == 202
+    wait_for(lambda: {n: e["rows"] for n, e in client.get_json("/status")[1]["entities"].items()}
+             == {"sales": 2, "events": 5}, 60, 0.3, "rows in /status")
+    status, doc = client.get_json("/status")
+    sales = doc["entities"]["sales"]
+    assert (sales["files"], sales["quarantined"], sales["error"]) == (1, 1, None)
+    assert sales["streams"]["files"]["running"] and doc["entities"]["events"]["streams"]["api"]["backlog"] == 0
+
+    _, text, headers = client.request("GET", "/metrics")
+    metrics = text.decode()
+    assert headers["Content-Type"].startswith("text/plain")
+    for line in ('lakefeed_rows_total{entity="sales"} 2.0', 'lakefeed_rows_total{entity="events"} 5.0',
+                 'lakefeed_quarantined_rows_total{entity="sales"} 1.0', 'lakefeed_files_total{entity="sales"} 1.0',
+                 'lakefeed_backlog{entity="events",stream="api"} 0.0',
+                 'lakefeed_stream_running{entity="sales",stream="files"} 1.0'):
+        assert line in metrics, line
+    assert 'lakefeed_batch_duration_seconds_count{entity="sales",stream="files"}' in metrics
+    assert 'lakefeed_seconds_since_last_commit{entity="events"}' in metrics
+
+    cli = subprocess.run([sys.executable, "-m", "lakefeed", "status", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    lines = cli.stdout.splitlines()
+    assert lines[0].startswith("lakefeed pid") and "2 entities running" in lines[0]
+    assert any(line.split()[:4] == ["sales", "files", "running", "0"] and line.split()[4] == "2" for line in lines)
+    assert any(line.split()[:5] == ["events", "api", "running", "0", "5"] for line in lines)
+    shown = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "show", "--config", str(config),
+                            "--entity", "sales"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "sales/a.csv" in shown.stdout and "1 partitions" in shown.stdout
+
+    profile = tmp_path / "chromium-profile"
+    dom = subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
+                          f"{client.url}/"], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert '<tr data-entity="sales">' in dom.stdout and '<tr data-entity="events">' in dom.stdout
+    assert '<td class="rows">2</td>' in dom.stdout and '<td class="rows">5</td>' in dom.stdout
+    assert dom.stdout.count("<svg") == 8  # four charts per entity
+    shot = tmp_path / "status.png"
+    subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
+                    "--window-size=1200,900", f"{client.url}/"], capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    assert not (tmp_path / "state" / "http.json").exists()
+
+
+def _write_atomically(path: Path, doc: dict) -> None:
+    tmp = path.with_name(".lakefeed.yaml.tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.replace(tmp, path)
+
+
+def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path, daemons):
+    config = write_config(tmp_path, [_push_entity(), entity_yaml()])
+    doc = yaml.safe_load(config.read_text())
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    notes = Notifications(_notify_socket(tmp_path))
+    daemon.start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    client = Client(tmp_path / "state")
+    acked: list[int] = []
+    stop = threading.Event()
+    unavailable = []
+
+    def produce() -> None:
+        n = 0
+        while not stop.is_set():
+            rows = [{"id": n * 10 + i, "v": "x"} for i in range(10)]
+            status, answer = client.push(rows)
+            if status == 202:
+                acked.extend(r["id"] for r in rows)
+                n += 1
+            else:
+                assert status == 503, answer  # reconfiguring: retry after a moment
+                unavailable.append(answer)
+                time.sleep(0.05)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    landed = 0
+
+    def land_some(k: int) -> None:
+        nonlocal landed
+        for _ in range(k):
+            land(tmp_path / "landing" / "sales" / f"f{landed:03d}.csv", f"id\n{landed}\n")
+            landed += 1
+
+    def run_ids() -> dict[str, str]:
+        entities = client.get_json("/status")[1]["entities"]
+        return {f"{n}/{s}": v["run_id"] for n, e in entities.items() for s, v in e["streams"].items()}
+
+    def reloads() -> int:
+        return daemon.events("reload.applied")
+
+    land_some(3)
+    before = run_ids()
+    # 1. add an entity, written in place: the file watch notices
+    doc["entities"].append(_push_entity("extra"))
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    wait_for(lambda: reloads() == 1, 60, 0.2, "first reload")
+    after = run_ids()
+    assert set(after) == {"events/api", "sales/files", "extra/api"}
+    assert after["events/api"] == before["events/api"] and after["sales/files"] == before["sales/files"]
+    land_some(3)
+    # 2. change two entities, file replaced by a rename
+    doc["entities"][0]["push"][0]["rate_limit_per_s"] = 10000.0
+    doc["entities"][1]["source"]["max_files_per_trigger"] = 2
+    _write_atomically(config, doc)
+    wait_for(lambda: reloads() == 2, 60, 0.2, "second reload")
+    changed = run_ids()
+    assert changed["extra/api"] == after["extra/api"]
+    assert changed["events/api"] != after["events/api"] and changed["sales/files"] != after["sales/files"]
+    land_some(3)
+    # 3. an invalid config is rejected whole; the old one keeps running
+    config.write_text(config.read_text().replace("name: extra", "name: 9extra"))
+    wait_for(lambda: daemon.events("reload.rejected") == 1, 60, 0.2, "rejected reload")
+    status = client.get_json("/status")[1]
+    assert any(f"{config}:" in p and "entities.2.name" in p for p in status["daemon"]["config_problems"])
+    assert run_ids() == changed
+    wait_for(lambda: any("config reload rejected" in m for _, m in notes.with_field("STATUS=")), 30, 0.2,
+             "STATUS= reporting the rejected config")
+    # 4. remove an entity and change the Spark master: the removal applies, the master needs a restart
+    del doc["entities"][2]
+    doc["spark"]["master"] = "local[1]"
+    _write_atomically(config, doc)
+    wait_for(lambda: reloads() == 3, 60, 0.2, "third reload")
+    status = client.get_json("/status")[1]
+    assert set(status["entities"]) == {"events", "sales"} and status["daemon"]["needs_restart"] == ["spark"]
+    assert status["daemon"]["config_problems"] == []
+    # 5. SIGHUP reloads too (nothing changed: nothing restarts)
+    daemon.signal(signal.SIGHUP)
+    wait_for(lambda: reloads() == 4, 60, 0.2, "reload on SIGHUP")
+    assert run_ids() == {k: v for k, v in changed.items() if k != "extra/api"}
+    land_some(3)
+    time.sleep(0.5)  # a last stretch of pushes after the reloads
+    stop.set()
+    producer.join()
+    wait_for(lambda: set(acked) <= set(_ids(tmp_path / "lake" / "events" / "table")), 60, 0.3, "every push")
+    wait_for(lambda: len(_ids(tmp_path / "lake" / "sales" / "table")) == landed, 60, 0.3, "every file")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    events = _ids(tmp_path / "lake" / "events" / "table")
+    assert len(events) == len(set(events)) and set(acked) <= set(events)
+    assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == list(range(landed))
+    reloading = notes.with_field("RELOADING=1")
+    assert len(reloading) == 4 and all("MONOTONIC_USEC=" in m for _, m in reloading)
+    readies = [t for t, _ in notes.with_field("READY=1")]
+    assert all(any(r > t for r in readies) for t, _ in reloading)  # READY=1 after each reload
+    notes.close()
+
+
+def test_watchdog_pings_stop_when_a_query_is_stuck_and_a_second_signal_forces_exit(tmp_path, daemons):
+    config = write_config(tmp_path, [entity_yaml()], stall_timeout_s=3)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    notes = Notifications(_notify_socket(tmp_path))
+    daemon.start(env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000",
+                      "LAKEFEED_FAILPOINT": "hang:batch.discovered"})
+    wait_for(lambda: len(notes.with_field("WATCHDOG=1")) >= 3, 30, 0.1, "watchdog pings while idle")
+    land(tmp_path / "landing" / "sales" / "a.csv", "id\n1\n")  # this batch hangs
+    wait_for(lambda: daemon.events("file.discovered") == 1, 30, 0.1, "the batch to start")
+    time.sleep(4)  # the stall timeout (3 s) passes with work waiting
+    quiet_from = time.monotonic()
+    time.sleep(2.5)
+    assert not [t for t, _ in notes.with_field("WATCHDOG=1") if t > quiet_from], "pings went on while stuck"
+    daemon.signal(signal.SIGTERM)  # waits for the stuck batch (up to the shutdown timeout) …
+    wait_for(lambda: daemon.events("daemon.stopping") == 1, 30, 0.1, "stopping")
+    daemon.signal(signal.SIGTERM)  # … a second signal does not wait
+    assert daemon.wait(30) == 128 + signal.SIGTERM
+    notes.close()
+
+
+def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    config = write_config(tmp_path, [entity_yaml()], http={"host": "127.0.0.1", "port": port})
+    proc = subprocess.run([sys.executable, "-m", "lakefeed", "run", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120)
+    taken.close()
+    assert proc.returncode == 2
+    assert f"lakefeed: cannot listen on 127.0.0.1:{port}" in proc.stderr.splitlines()[-1]
+
+
+def test_backfill_processes_everything_pending_and_exits(tmp_path):
+    config = write_config(tmp_path, [entity_yaml()])
+    for n in range(5):
+        land(tmp_path / "landing" / "sales" / f"f{n}.csv", "id\n" + "".join(f"{n * 10 + i}\n" for i in range(10)))
+    run = subprocess.run([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1].startswith("backfill: 5 files, 50 rows in ")
+    assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == list(range(50))
+    again = subprocess.run([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.splitlines()[-1].startswith("backfill: 0 files, 0 rows")
+    assert len(_ids(tmp_path / "lake" / "sales" / "table")) == 50
