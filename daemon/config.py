@@ -291,6 +291,8 @@ class LakefeedConfig(_Frozen):
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_s: float = Field(default=60.0, gt=0)
+    status_sample_s: float = Field(default=10.0, gt=0, le=3600, description="How often the status page's "
+                                   "charts take a point (the last hour is kept).")
     stall_timeout_s: float = Field(default=600.0, gt=0, description="A stream with work waiting and no batch "
                                    "finished for this long is stuck: the systemd watchdog pings stop.")
     spark: SparkConfig = SparkConfig()

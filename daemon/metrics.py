@@ -20,7 +20,6 @@ from lakefeed import clock
 from lakefeed.commit import BatchResult
 
 HISTORY_S = 3600.0
-SAMPLE_EVERY_S = 10.0
 
 
 @dataclass
@@ -32,13 +31,14 @@ class EntityStats:
     last_commit: float | None = None  # epoch seconds
     watermark: datetime | None = None
     backlog: dict[str, int] = field(default_factory=dict)  # per stream: files/frames/messages waiting
-    history: deque = field(default_factory=lambda: deque(maxlen=int(HISTORY_S / SAMPLE_EVERY_S) + 1))
+    history: deque = field(default_factory=deque)
     _rows_at_sample: int = 0
     _sampled_at: float | None = None
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, sample_every_s: float = 10.0) -> None:
+        self.sample_every_s = sample_every_s
         self.registry = CollectorRegistry()
         r = self.registry
         self.files = Counter("lakefeed_files", "Files ingested", ["entity"], registry=r)
@@ -64,7 +64,10 @@ class Metrics:
 
     def stats(self, entity: str) -> EntityStats:
         with self._lock:
-            return self.entities.setdefault(entity, EntityStats())
+            if entity not in self.entities:
+                history: deque = deque(maxlen=int(HISTORY_S / self.sample_every_s) + 1)
+                self.entities[entity] = EntityStats(history=history)
+            return self.entities[entity]
 
     def forget(self, entity: str) -> None:
         with self._lock:
@@ -101,13 +104,13 @@ class Metrics:
             s.backlog[stream] = waiting
 
     def sample(self, now: float | None = None) -> None:
-        """Freshness gauges every call; a history point per entity every SAMPLE_EVERY_S."""
+        """Freshness gauges every call; a history point per entity every `sample_every_s`."""
         now = time.time() if now is None else now
         with self._lock:
             for name, s in self.entities.items():
                 freshness = now - (s.last_commit or self.started)
                 self.since_commit.labels(name).set(freshness)
-                if s._sampled_at is not None and now - s._sampled_at < SAMPLE_EVERY_S:
+                if s._sampled_at is not None and now - s._sampled_at < self.sample_every_s:
                     continue
                 rate = (s.rows - s._rows_at_sample) / (now - s._sampled_at) if s._sampled_at else 0.0
                 s.history.append({"t": round(now, 3), "freshness_s": round(freshness, 3),

@@ -125,9 +125,9 @@ class EntityRunner:
         except Exception as exc:
             self.metrics.error(self.cfg.name, type(exc).__name__)
             raise
-        self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
         if end is not None:
             self.consumed[stream] = end
+        self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
         self.progress_at = time.monotonic()
 
     def backlog(self, stream: str) -> int:

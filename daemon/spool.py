@@ -237,6 +237,11 @@ class Spool:
             return self._release(below)
 
     def _release(self, below: int) -> int:
+        horizon = clock.now().timestamp() - self._ttl_s
+        expired = [k for k, e in self.keys.items() if e.segment not in self._sizes
+                   and clock.from_cdm(e.received_at).timestamp() < horizon]
+        for key in expired:  # remembered long enough: a retry this late is a new request
+            del self.keys[key]
         names = sorted(self._sizes)
         removed = 0
         for name, following in zip(names, [*names[1:], None], strict=True):

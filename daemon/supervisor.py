@@ -43,7 +43,7 @@ class Supervisor:
         self.cfg = cfg
         self.config_path = config_path
         self.drain = drain  # backfill: process what is pending, then stop
-        self.metrics = Metrics()
+        self.metrics = Metrics(cfg.status_sample_s)
         self.runners: dict[str, EntityRunner] = {}
         self.config_problems: list[str] = []
         self.needs_restart: list[str] = []

@@ -107,7 +107,7 @@ def daemons():
 
 
 def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
-    config = write_config(tmp_path, [entity_yaml(), _push_entity()])
+    config = write_config(tmp_path, [entity_yaml(), _push_entity()], status_sample_s=1.0)
     daemon = Daemon(config, tmp_path / "daemon.log")
     daemons.append(daemon)
     daemon.start()
@@ -124,13 +124,17 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
     assert sales["streams"]["files"]["running"] and doc["entities"]["events"]["streams"]["api"]["backlog"] == 0
 
     _, text, headers = client.request("GET", "/metrics")
-    metrics = text.decode()
     assert headers["Content-Type"].startswith("text/plain")
-    for line in ('lakefeed_rows_total{entity="sales"} 2.0', 'lakefeed_rows_total{entity="events"} 5.0',
-                 'lakefeed_quarantined_rows_total{entity="sales"} 1.0', 'lakefeed_files_total{entity="sales"} 1.0',
-                 'lakefeed_backlog{entity="events",stream="api"} 0.0',
-                 'lakefeed_stream_running{entity="sales",stream="files"} 1.0'):
-        assert line in metrics, line
+    expected = ('lakefeed_rows_total{entity="sales"} 2.0', 'lakefeed_rows_total{entity="events"} 5.0',
+                'lakefeed_quarantined_rows_total{entity="sales"} 1.0', 'lakefeed_files_total{entity="sales"} 1.0',
+                'lakefeed_backlog{entity="events",stream="api"} 0.0',  # gauges are sampled 4 times a second
+                'lakefeed_stream_running{entity="sales",stream="files"} 1.0')
+
+    def scrape() -> str | None:
+        text = client.request("GET", "/metrics")[1].decode()
+        return text if all(line in text for line in expected) else None
+
+    metrics = wait_for(scrape, 10, 0.2, "the metrics")
     assert 'lakefeed_batch_duration_seconds_count{entity="sales",stream="files"}' in metrics
     assert 'lakefeed_seconds_since_last_commit{entity="events"}' in metrics
 
@@ -145,13 +149,16 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
                             "--entity", "sales"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "sales/a.csv" in shown.stdout and "1 partitions" in shown.stdout
 
+    wait_for(lambda: all(sum(h["watermark"] is not None for h in e["history"]) >= 2
+                         for e in client.get_json("/status")[1]["entities"].values()),
+             30, 0.2, "two history samples per entity since the first commit")
     profile = tmp_path / "chromium-profile"
     dom = subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
                           f"{client.url}/"], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert '<tr data-entity="sales">' in dom.stdout and '<tr data-entity="events">' in dom.stdout
     assert '<td class="rows">2</td>' in dom.stdout and '<td class="rows">5</td>' in dom.stdout
-    assert dom.stdout.count("<svg") == 8  # four charts per entity
+    assert dom.stdout.count("<polyline") == 8  # four charts per entity, drawn from the last hour's samples
     shot = tmp_path / "status.png"
     subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
                     "--window-size=1200,900", f"{client.url}/"], capture_output=True, timeout=120, check=True)
