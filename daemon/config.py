@@ -202,10 +202,43 @@ class PushSource(_Frozen):
         return value
 
 
+class KafkaSource(_Frozen):
+    """Records from Kafka topics; offsets live in the query's checkpoint (docs/kafka.md)."""
+
+    type: Literal["kafka"] = "kafka"
+    name: Name
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port…]")
+    topics: tuple[str, ...] = ()
+    pattern: str | None = Field(default=None, description="A regex over topic names (instead of topics); "
+                                                          "new matching topics are picked up.")
+    starting_offsets: str = Field(default="earliest", description="earliest, latest, or JSON "
+                                  '{"topic": {"0": offset}} (-2 earliest, -1 latest) for a new checkpoint.')
+    max_offsets_per_trigger: int = Field(default=100_000, gt=0)
+    group_id: str | None = Field(default=None, description="Processed offsets are mirrored to this consumer "
+                                                           "group for lag monitoring only.")
+    retry_timeout_s: float = Field(default=300.0, gt=0, description="How long an unreachable broker is "
+                                                                    "retried before the stream fails.")
+    metadata_columns: tuple[Literal["topic", "partition", "offset", "timestamp", "key", "headers"], ...] = Field(
+        default=("topic", "partition", "offset", "timestamp", "key"),
+        description="Message coordinates kept as columns kafka_<name> beside the value's fields.")
+
+    @model_validator(mode="after")
+    def _topics_or_pattern(self) -> KafkaSource:
+        if bool(self.topics) == bool(self.pattern):
+            raise ValueError("give exactly one of topics and pattern")
+        if self.pattern:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern does not compile: {exc}") from exc
+        return self
+
+
 class EntityConfig(_Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     source: LocalDirSource | None = Field(default=None, description="Where the entity's files land.")
     push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
+    kafka: tuple[KafkaSource, ...] = Field(default=(), description="Kafka topic sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
     patterns: tuple[PatternSpec, ...] = ()
     format: FileFormat = CsvFormat()
@@ -222,16 +255,17 @@ class EntityConfig(_Frozen):
 
     @model_validator(mode="after")
     def _sources(self) -> EntityConfig:
-        if self.source is None and not self.push:
-            raise ValueError("give the entity a source: `source` (files) or `push`")
-        names = [FILES, *(p.name for p in self.push)] if self.source else [p.name for p in self.push]
+        if self.source is None and not self.push and not self.kafka:
+            raise ValueError("give the entity a source: `source` (files), `push` or `kafka`")
+        names = self.streams()
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"source names must be unique within an entity ({FILES!r} is the file source): "
                              f"{', '.join(repeated)}")
-        if self.push and self.event_time.source in ("path", "file_mtime"):
-            raise ValueError(f"event_time.source {self.event_time.source} needs files; pushed records take "
-                             "their event time from a column, the Event-Time header or the system time")
+        if (self.push or self.kafka) and self.event_time.source in ("path", "file_mtime"):
+            raise ValueError(f"event_time.source {self.event_time.source} needs files; pushed and Kafka records "
+                             "take their event time from a column (e.g. kafka_timestamp), the Event-Time header "
+                             "or the system time")
         return self
 
     @model_validator(mode="after")
@@ -250,7 +284,7 @@ class EntityConfig(_Frozen):
 
     def streams(self) -> list[str]:
         """The names of the entity's sources, each read by its own streaming query."""
-        return ([FILES] if self.source else []) + [p.name for p in self.push]
+        return ([FILES] if self.source else []) + [p.name for p in self.push] + [k.name for k in self.kafka]
 
     def stream_checkpoint(self, stream: str) -> Path:
         return self.checkpoint if stream == FILES else self.state / "streams" / stream / "checkpoint"
@@ -260,6 +294,9 @@ class EntityConfig(_Frozen):
 
     def push_source(self, stream: str) -> PushSource | None:
         return next((p for p in self.push if p.name == stream), None)
+
+    def kafka_source(self, stream: str) -> KafkaSource | None:
+        return next((k for k in self.kafka if k.name == stream), None)
 
 
 class HttpConfig(_Frozen):

@@ -15,8 +15,8 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
-    # py4j and Spark's Python side are chatty at INFO; their warnings still come through.
-    for noisy in ("py4j", "pyspark"):
+    # py4j, Spark's Python side and kafka-python are chatty at INFO; their warnings still come through.
+    for noisy in ("py4j", "pyspark", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     structlog.configure(
         processors=[

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakefeed import cdc, clock, event_time, failpoints, log, spool
+from lakefeed import cdc, clock, event_time, failpoints, log, messages, spool
 from lakefeed.commit import BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors import cdm_manifest
@@ -121,6 +121,45 @@ class EntityPipeline:
         data = pa.concat_tables(tables, promote_options="permissive")
         snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
         committer.commit(data, bad, result, checked_at, log_, snapshot)
+        self.keeper.refresh()
+        return result
+
+    def process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
+        """A micro-batch of a Kafka source: the messages as Arrow (topic, partition, offset, key, value, …)."""
+        with self._lock:
+            try:
+                return self._process_messages(stream, batch, batch_id)
+            finally:
+                self._schema = None
+
+    def _process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, stream=stream, batch_id=batch_id)
+        committer = self.committer(stream)
+        if batch.num_rows == 0:
+            return result
+        if committer.all_done(batch_id):
+            log_.info("batch.replay_skipped", messages=batch.num_rows)
+            result.skipped = True
+            return result
+        checked_at = clock.now()
+        source = self.cfg.kafka_source(stream)
+        assert source is not None
+        rows, bad, tombstones = messages.decode(batch, source, self.cfg.cdc.debezium)
+        if tombstones:
+            log_.info("kafka.tombstones_skipped", messages=tombstones)
+        result.files = batch.num_rows
+        data = None
+        if rows is not None:
+            read = conform(rows, _without(self.sinks.table.schema(), {}))
+            bad.extend((f"kafka/{stream}", b) for b in read.bad)
+            data = read.table
+            assert data is not None
+            if self.cfg.cdc.keyed:
+                data = cdc.tag(data, cdc.file_kind(self.cfg.cdc, None), batch_id)
+            data, bad_times = event_time.stamp(data, self.cfg.event_time, "", 0, checked_at)
+            bad.extend((f"kafka/{stream}", b) for b in bad_times)
+        committer.commit(data, bad, result, checked_at, log_)
         self.keeper.refresh()
         return result
 

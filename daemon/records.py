@@ -75,12 +75,12 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table
         raise Rejected(400, "the request body is empty")
     try:
         if kind == "json":
-            return _from_rows(_json_array(body))
+            return from_rows(_json_array(body))
         if kind == "ndjson":
             try:
                 return pajson.read_json(io.BytesIO(body))
             except pa.ArrowInvalid:
-                return _from_rows(_ndjson_rows(body))  # find the bad lines one by one
+                return from_rows(_ndjson_rows(body))  # find the bad lines one by one
         if kind == "csv":
             return _csv(body, target)
         if kind == "parquet":
@@ -151,7 +151,7 @@ def _ndjson_rows(body: bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def _from_rows(rows: list[dict[str, Any]]) -> pa.Table:
+def from_rows(rows: list[dict[str, Any]]) -> pa.Table:
     try:
         return pa.Table.from_pylist(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -8,6 +8,7 @@ spool segments that earlier, committed batches consumed.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from functools import partial
@@ -20,6 +21,7 @@ from lakefeed import log
 from lakefeed.commit import BatchResult, Sinks
 from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors.inbox_stream import FORMAT as INBOX
+from lakefeed.connectors.kafka_source import FORMAT as KAFKA
 from lakefeed.connectors.local_dir import LocalDirSource
 from lakefeed.connectors.spool_stream import FORMAT as SPOOL
 from lakefeed.errors import LakefeedError
@@ -31,6 +33,20 @@ from lakefeed.spool import Entry
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+
+
+def _offsets(raw: object) -> dict[tuple[str, str], int]:
+    """A Kafka source's offsets from a progress report (a JSON string or dict)."""
+    doc = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(doc, dict):
+        return {}
+    return {(t, p): int(n) for t, parts in doc.items() for p, n in parts.items()}
+
+
+def _cause(detail: str) -> str:
+    """The innermost Python exception line of a Spark error (what to act on), else its first line."""
+    causes = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", detail, re.MULTILINE)
+    return causes[-1] if causes else detail.strip().splitlines()[0] if detail.strip() else "stopped"
 
 
 def committed_offset(checkpoint: Path) -> int | None:
@@ -60,7 +76,8 @@ class EntityRunner:
                                          excluded=excluded)
         self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
         self.queries: dict[str, StreamingQuery] = {}
-        self.consumed: dict[str, int] = {s: committed_offset(cfg.stream_checkpoint(s)) or 0 for s in cfg.streams()}
+        self.consumed: dict[str, int] = {s: committed_offset(cfg.stream_checkpoint(s)) or 0
+                                         for s in cfg.streams() if cfg.kafka_source(s) is None}
         self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
         self.error: str | None = None
         self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
@@ -88,12 +105,23 @@ class EntityRunner:
             frame = (self._spark.readStream.format(INBOX).option("path", str(self.cfg.state / "inbox"))
                      .option("maxFilesPerTrigger", str(self.cfg.source.max_files_per_trigger)).load())
             handler = self._file_batch
-        else:
-            push = self.cfg.push_source(stream)
-            assert push is not None
+        elif (push := self.cfg.push_source(stream)) is not None:
             frame = (self._spark.readStream.format(SPOOL).option("path", str(self.cfg.spool(stream)))
                      .option("maxRecordsPerTrigger", str(push.max_records_per_trigger)).load())
             handler = partial(self._push_batch, stream)
+        else:
+            kafka = self.cfg.kafka_source(stream)
+            assert kafka is not None
+            reader = (self._spark.readStream.format(KAFKA).option("bootstrap_servers", kafka.bootstrap_servers)
+                      .option("startingOffsets", kafka.starting_offsets)
+                      .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+                      .option("retryTimeoutMs", str(int(kafka.retry_timeout_s * 1000))))
+            reader = reader.option("pattern", kafka.pattern) if kafka.pattern else \
+                reader.option("topics", ",".join(kafka.topics))
+            if kafka.group_id:
+                reader = reader.option("group_id", kafka.group_id)
+            frame = reader.load()
+            handler = partial(self._kafka_batch, stream)
         return (frame.writeStream.foreachBatch(handler)
                 .option("checkpointLocation", str(self.cfg.stream_checkpoint(stream)))
                 .queryName(f"lakefeed_{self.cfg.name}_{stream}")
@@ -113,6 +141,10 @@ class EntityRunner:
         self._run(stream, batch_id, lambda: self.pipeline.process_frames(stream, entries, batch_id),
                   entries[-1].offset + 1 if entries else None)
 
+    def _kafka_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
+        messages = frame.toArrow()
+        self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, messages, batch_id), None)
+
     def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
         started = time.monotonic()
         try:
@@ -131,10 +163,22 @@ class EntityRunner:
         self.progress_at = time.monotonic()
 
     def backlog(self, stream: str) -> int:
-        """Files or frames waiting for the stream (appended but not yet in a committed batch)."""
+        """Files, frames or messages waiting for the stream (not yet in a committed batch)."""
+        if self.cfg.kafka_source(stream) is not None:
+            return self._kafka_lag(stream)
         written = len(self.inbox) if stream == FILES and self.inbox is not None else \
             self.endpoints[stream].spool.next_offset
         return max(0, written - self.consumed.get(stream, 0))
+
+    def _kafka_lag(self, stream: str) -> int:
+        """Messages on the broker after the last batch's end, as the query last saw them."""
+        query = self.queries.get(stream)
+        progress = query.lastProgress if query is not None else None
+        if not progress or not progress.get("sources"):
+            return 0
+        source = progress["sources"][0]
+        latest, end = _offsets(source.get("latestOffset")), _offsets(source.get("endOffset"))
+        return sum(max(0, n - end.get(tp, 0)) for tp, n in latest.items())
 
     def healthy(self, stall_s: float) -> bool:
         """Each stream is making progress or idle with nothing waiting. An entity stopped by an
@@ -183,6 +227,8 @@ class EntityRunner:
         for stream, query in self.queries.items():
             if not query.isActive and self.error is None:
                 exc = query.exception()
-                self.error = str(exc) if exc else "stopped"
+                detail = str(exc) if exc else "stopped"
+                self.error = _cause(detail)
                 self.metrics.error(self.cfg.name, "query_stopped")
-                _log.error("entity.failed", entity=self.cfg.name, stream=stream, error=self.error[:2000])
+                _log.error("entity.failed", entity=self.cfg.name, stream=stream, error=self.error,
+                           detail=detail[-4000:])

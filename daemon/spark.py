@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from lakefeed.config import SparkConfig
 from lakefeed.connectors.inbox_stream import InboxDataSource
+from lakefeed.connectors.kafka_source import KafkaDataSource
 from lakefeed.connectors.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
 
@@ -58,6 +59,7 @@ def session(cfg: SparkConfig) -> SparkSession:
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(InboxDataSource)
     spark.dataSource.register(SpoolDataSource)
+    spark.dataSource.register(KafkaDataSource)
     return spark
 
 
