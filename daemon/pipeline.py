@@ -63,6 +63,11 @@ class EntityPipeline:
             self._committers[stream] = Committer(self.cfg, self.sinks, app_id, self._offsets)
         return self._committers[stream]
 
+    def forget(self, stream: str) -> None:
+        """A stream stopped: its committer is made afresh if it starts again (with its new config)."""
+        with self._lock:
+            self._committers.pop(stream, None)
+
     def schema(self) -> pa.Schema | None:
         """The schema pushed records are checked against: the table's, else the one the manifest declares."""
         if self._schema is None:

@@ -76,8 +76,7 @@ class EntityRunner:
                                          excluded=excluded)
         self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
         self.queries: dict[str, StreamingQuery] = {}
-        self.consumed: dict[str, int] = {s: committed_offset(cfg.stream_checkpoint(s)) or 0
-                                         for s in cfg.streams() if cfg.kafka_source(s) is None}
+        self.consumed: dict[str, int] = {}
         self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
         self.error: str | None = None
         self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
@@ -89,15 +88,45 @@ class EntityRunner:
             if reconcile_first:
                 self.source.reconcile()
             self.source.start()
-        for stream in self.cfg.streams():
+        self.start_streams(self.cfg.streams())
+        _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
+
+    def start_streams(self, streams: list[str]) -> None:
+        for stream in streams:
+            if (push := self.cfg.push_source(stream)) is not None and stream not in self.endpoints:
+                self.endpoints[stream] = Endpoint.open(self.cfg, push, self.pipeline)
+            if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
+                self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
             self.queries[stream] = self._start_query(stream)
-        # Ready means each query has run its first trigger (a new query's first batch is always an
+        # Started means each query has run its first trigger (a new query's first batch is always an
         # empty one), so the first file landing is not kept waiting behind start-up work.
         deadline = time.monotonic() + 120
-        for query in self.queries.values():
+        for stream in streams:
+            query = self.queries[stream]
             while query.isActive and query.status["message"] not in _WAITING and time.monotonic() < deadline:
                 time.sleep(0.05)
-        _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
+
+    def stop_streams(self, streams: list[str], deadline: float) -> None:
+        """Stop these streams' queries after their running batch; close their push spools."""
+        for stream in streams:
+            query = self.queries.pop(stream, None)
+            if query is not None:
+                # Let a running batch finish: stop() would interrupt it (it would be replayed at restart).
+                while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                query.stop()
+            endpoint = self.endpoints.pop(stream, None)
+            if endpoint is not None:
+                endpoint.close()
+            self.consumed.pop(stream, None)
+            self.pipeline.forget(stream)
+
+    def reconfigure(self, cfg: EntityConfig, streams: list[str], deadline: float) -> None:
+        """Take a config that differs only in these record sources (push, Kafka): restart just them."""
+        self.stop_streams([s for s in streams if s in self.queries], deadline)
+        self.cfg = self.pipeline.cfg = cfg
+        self.start_streams([s for s in streams if s in cfg.streams()])
+        _log.info("entity.reconfigured", entity=cfg.name, streams=streams)
 
     def _start_query(self, stream: str) -> StreamingQuery:
         if stream == FILES:
@@ -166,9 +195,12 @@ class EntityRunner:
         """Files, frames or messages waiting for the stream (not yet in a committed batch)."""
         if self.cfg.kafka_source(stream) is not None:
             return self._kafka_lag(stream)
-        written = len(self.inbox) if stream == FILES and self.inbox is not None else \
-            self.endpoints[stream].spool.next_offset
-        return max(0, written - self.consumed.get(stream, 0))
+        if stream == FILES:
+            written = len(self.inbox) if self.inbox is not None else 0
+        else:
+            endpoint = self.endpoints.get(stream)
+            written = endpoint.spool.next_offset if endpoint is not None else 0
+        return max(0, written - self.consumed.get(stream, written))
 
     def _kafka_lag(self, stream: str) -> int:
         """Messages on the broker after the last batch's end, as the query last saw them."""
@@ -208,15 +240,12 @@ class EntityRunner:
             self.source.stop()
 
     def stop(self, deadline: float) -> None:
-        for query in self.queries.values():
-            # Let a running batch finish: stop() would interrupt it (it would be replayed at restart).
-            while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            query.stop()
+        self.stop_streams(list(self.queries), deadline)
         if self.inbox is not None:
             self.inbox.close()
         for endpoint in self.endpoints.values():
-            endpoint.close()
+            endpoint.close()  # a push source whose query never started
+        self.endpoints.clear()
         _log.info("entity.stopped", entity=self.cfg.name)
 
     def running(self) -> bool:

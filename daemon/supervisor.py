@@ -174,6 +174,16 @@ class Supervisor:
         runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
         self.api.detach(targets)
 
+    def _reconfigure(self, name: str, new: EntityConfig, streams: list[str]) -> None:
+        """Restart only the record sources of an entity that changed; its other streams keep running."""
+        runner = self.runners[name]
+        targets = [(name, s) for s in streams if runner.cfg.push_source(s) is not None]
+        self.api.pause(targets)
+        runner.reconfigure(new, streams, time.monotonic() + self.cfg.shutdown_timeout_s)
+        self.api.detach(targets)
+        self.api.attach(e for s, e in runner.endpoints.items() if s in streams)
+        self.api.resume(targets)
+
     def reload(self) -> None:
         """Apply the config file again: validate it whole, then start, stop or restart what changed."""
         if self.config_path is None:
@@ -195,6 +205,11 @@ class Supervisor:
         removed = [n for n in old if n not in wanted]
         added = [n for n in wanted if n not in old]
         changed = [n for n in wanted if n in old and wanted[n] != old[n]]
+        in_place = {n: _changed_record_sources(old[n], wanted[n]) for n in changed}
+        in_place = {n: streams for n, streams in in_place.items() if streams is not None}
+        for name, streams in in_place.items():
+            self._reconfigure(name, wanted[name], streams)
+        changed = [n for n in changed if n not in in_place]
         for name in removed + changed:
             self._stop_entity(name)
         if new.log_level != self.cfg.log_level:
@@ -206,9 +221,19 @@ class Supervisor:
         for name in changed:
             self.api.resume([(name, s) for s in self.runners[name].endpoints])
         _log.info("reload.applied", added=added, removed=removed, restarted=changed,
+                  sources_restarted={n: s for n, s in in_place.items()},
                   unchanged=[n for n in wanted if n not in added and n not in changed],
                   needs_restart=self.needs_restart)
         notify(READY="1", STATUS=self.status_line())
+
+
+def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:
+    """The push/Kafka sources that differ, when nothing else of the entity does (else None)."""
+    if old.model_copy(update={"push": new.push, "kafka": new.kafka}) != new:
+        return None
+    before = {s.name: s for s in (*old.push, *old.kafka)}
+    after = {s.name: s for s in (*new.push, *new.kafka)}
+    return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
 
 
 def _watchdog_interval() -> float:

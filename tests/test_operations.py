@@ -6,6 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pty
+import re
 import signal
 import socket
 import subprocess
@@ -176,7 +178,9 @@ def _write_atomically(path: Path, doc: dict) -> None:
 
 
 def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path, daemons):
-    config = write_config(tmp_path, [_push_entity(), entity_yaml()])
+    events = _push_entity()
+    events["push"].append({"name": "bulk", "tokens_sha256": [token_hash(TOKEN)]})
+    config = write_config(tmp_path, [events, entity_yaml()])
     doc = yaml.safe_load(config.read_text())
     daemon = Daemon(config, tmp_path / "daemon.log")
     daemons.append(daemon)
@@ -224,23 +228,25 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
     wait_for(lambda: reloads() == 1, 60, 0.2, "first reload")
     after = run_ids()
-    assert set(after) == {"events/api", "sales/files", "extra/api"}
-    assert after["events/api"] == before["events/api"] and after["sales/files"] == before["sales/files"]
+    assert set(after) == {"events/api", "events/bulk", "sales/files", "extra/api"}
+    assert {k: after[k] for k in before} == before
     land_some(3)
-    # 2. change two entities, file replaced by a rename
-    doc["entities"][0]["push"][0]["rate_limit_per_s"] = 10000.0
+    # 2. change one source of an entity and another entity's file source; the file replaced by a rename
+    doc["entities"][0]["push"][1]["rate_limit_per_s"] = 10000.0
     doc["entities"][1]["source"]["max_files_per_trigger"] = 2
     _write_atomically(config, doc)
     wait_for(lambda: reloads() == 2, 60, 0.2, "second reload")
     changed = run_ids()
-    assert changed["extra/api"] == after["extra/api"]
-    assert changed["events/api"] != after["events/api"] and changed["sales/files"] != after["sales/files"]
+    assert changed["extra/api"] == after["extra/api"] and changed["events/api"] == after["events/api"]
+    assert changed["events/bulk"] != after["events/bulk"] and changed["sales/files"] != after["sales/files"]
     land_some(3)
     # 3. an invalid config is rejected whole; the old one keeps running
     config.write_text(config.read_text().replace("name: extra", "name: 9extra"))
     wait_for(lambda: daemon.events("reload.rejected") == 1, 60, 0.2, "rejected reload")
     status = client.get_json("/status")[1]
-    assert any(f"{config}:" in p and "entities.2.name" in p for p in status["daemon"]["config_problems"])
+    line = next(n for n, text in enumerate(config.read_text().splitlines(), 1) if "name: 9extra" in text)
+    assert f"{config}:{line}: entities.2.name: String should match pattern" in \
+        "\n".join(status["daemon"]["config_problems"])
     assert run_ids() == changed
     wait_for(lambda: any("config reload rejected" in m for _, m in notes.with_field("STATUS=")), 30, 0.2,
              "STATUS= reporting the rejected config")
@@ -306,16 +312,40 @@ def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken.close()
     assert proc.returncode == 2
     assert f"lakefeed: cannot listen on 127.0.0.1:{port}" in proc.stderr.splitlines()[-1]
+    no_java = subprocess.run([sys.executable, "-m", "lakefeed", "run", "--config", str(config)], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "JAVA_HOME": str(tmp_path / "no-jdk")})
+    assert no_java.returncode == 2
+    assert no_java.stderr.splitlines()[-1].startswith("lakefeed: Java 17 or newer is required by Spark")
 
 
 def test_backfill_processes_everything_pending_and_exits(tmp_path):
     config = write_config(tmp_path, [entity_yaml()])
     for n in range(5):
         land(tmp_path / "landing" / "sales" / f"f{n}.csv", "id\n" + "".join(f"{n * 10 + i}\n" for i in range(10)))
-    run = subprocess.run([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines()[-1].startswith("backfill: 5 files, 50 rows in ")
+    primary, secondary = pty.openpty()  # on a terminal, backfill draws a progress bar on stderr
+    proc = subprocess.Popen([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=secondary, text=True)
+    os.close(secondary)
+    terminal = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            terminal.append(chunk.decode(errors="replace"))
+
+    reader = threading.Thread(target=read_terminal)
+    reader.start()
+    out, _ = proc.communicate(timeout=300)
+    reader.join(30)
+    os.close(primary)
+    assert proc.returncode == 0, "".join(terminal)[-3000:]
+    assert out.splitlines()[-1].startswith("backfill: 5 files, 50 rows in ")
+    assert re.search(r"\[#{30}\] 5/5 files  50 rows  ETA", "".join(terminal)), "".join(terminal)[-2000:]
     assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == list(range(50))
     again = subprocess.run([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
                            capture_output=True, text=True, timeout=300)

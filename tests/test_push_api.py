@@ -89,7 +89,7 @@ def make_api(tmp_path):
         api = PushApi(list(endpoints.values()), cfg.http.max_body_bytes)
         server = HttpServer(cfg.http, cfg.state_dir, api.routes())
         url = server.start()
-        host, port = url.removeprefix("http://").split(":")
+        host, port = url.split("://")[1].split(":")
         made.append(Api(cfg, pipelines, endpoints, api, server, host, int(port)))
         return made[-1]
 
@@ -282,3 +282,24 @@ def test_torn_spool_tail_is_dropped_and_the_reader_resumes_after_released_segmen
     assert [e.offset for e in reader.entries(2, 3)] == [2]
     reopened.close()
     spool.close()
+
+
+def test_tls_serves_the_api_over_https_only(make_api, tmp_path):
+    import ssl
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    api = make_api(http={"tls_cert": str(cert), "tls_key": str(key)})
+    assert api.server.url.startswith("https://")
+    context = ssl.create_default_context(cafile=str(cert))
+    conn = http.client.HTTPSConnection(api.host, api.port, context=context, timeout=30)
+    conn.request("POST", "/v1/entities/orders/sources/api/records", b'[{"id": 1}]',
+                 {"Authorization": "Bearer t-orders", "Content-Type": "application/json"})
+    assert conn.getresponse().status == 202
+    conn.close()
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        api.post(b'[{"id": 2}]')  # plain HTTP on the TLS port is refused
+    assert api.frames() == 1
