@@ -25,6 +25,7 @@ Spark's own Kafka source needs jars from Maven; this one needs only kafka-python
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -74,6 +75,7 @@ class _Options:
     group_id: str | None
     poll_timeout_s: float
     retry_timeout_s: float
+    status_path: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -98,7 +100,8 @@ class _Options:
             raise ValueError(f"{FORMAT} option pattern is not a valid regular expression: {e}") from e
         return cls(servers, topics, compiled, _parse_starting(options.get("startingOffsets", "latest")),
                    positive("maxOffsetsPerTrigger"), options.get("group_id") or None,
-                   (positive("pollTimeoutMs") or 120_000) / 1000, (positive("retryTimeoutMs") or 300_000) / 1000)
+                   (positive("pollTimeoutMs") or 120_000) / 1000, (positive("retryTimeoutMs") or 300_000) / 1000,
+                   options.get("statusPath") or None)
 
     def subscribed(self, topic: str) -> bool:
         return bool(self.pattern.fullmatch(topic)) if self.pattern else topic in self.topics
@@ -177,6 +180,8 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._start: dict[Tp, int] | None = None
         self._latest: dict[Tp, int] = {}
         self._target: dict[Tp, int] | None = None  # Trigger.AvailableNow: what existed when it started
+        self._retries = 0
+        self._unavailable = False
 
     # -- driver side ----------------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -310,18 +315,34 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             error = state.outcome.exception() if state.outcome else None
             _log.warning("kafka.retry", bootstrap_servers=self._opts.bootstrap_servers, attempt=state.attempt_number,
                         wait_s=round(state.upcoming_sleep, 2), error=repr(error))
+            self._retries += 1
+            self._report(unavailable=True, error=repr(error))
             self._close()
 
         retrying = Retrying(retry=retry_if_exception(_transient), wait=wait_exponential(multiplier=0.2, max=5),
                             stop=stop_after_delay(self._opts.retry_timeout_s), before_sleep=log_retry, reraise=True)
         try:
-            return retrying(lambda: step(self._client()))
+            result = retrying(lambda: step(self._client()))
+            if self._unavailable:
+                self._report(unavailable=False, error=None)
+            return result
         except KafkaError as e:
             if not _transient(e):
                 raise
             raise TransientError(f"Kafka at {self._opts.bootstrap_servers} kept failing for "
                                  f"{self._opts.retry_timeout_s:.0f} s ({e!r}); the query stops. Start it again "
                                  "when the broker is back: it resumes from its checkpoint without loss.") from e
+
+    def _report(self, unavailable: bool, error: str | None) -> None:
+        """Tell the daemon (this runs in Spark's planner process) that the broker is away or back."""
+        self._unavailable = unavailable
+        if self._opts.status_path is None:
+            return
+        doc = {"unavailable": unavailable, "retries": self._retries, "error": error}
+        tmp = f"{self._opts.status_path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self._opts.status_path)
 
     # -- executor side --------------------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -58,6 +58,10 @@ class Metrics:
                              registry=r)
         self.missed = Counter("lakefeed_reconcile_found", "Objects found by listing that no notification "
                               "announced", ["entity"], registry=r)
+        self.unavailable = Gauge("lakefeed_source_unavailable", "1 while a source's broker or store is being "
+                                 "retried", ["entity", "stream"], registry=r)
+        self.retries = Gauge("lakefeed_source_retries", "Retries of a source's broker calls since its query "
+                             "started", ["entity", "stream"], registry=r)
         self._lock = threading.Lock()
         self.entities: dict[str, EntityStats] = {}
         self.started = time.time()
@@ -102,6 +106,10 @@ class Metrics:
         s = self.stats(entity)
         with self._lock:
             s.backlog[stream] = waiting
+
+    def set_source(self, entity: str, stream: str, unavailable: bool, retries: int) -> None:
+        self.unavailable.labels(entity, stream).set(1 if unavailable else 0)
+        self.retries.labels(entity, stream).set(retries)
 
     def sample(self, now: float | None = None) -> None:
         """Freshness gauges every call; a history point per entity every `sample_every_s`."""

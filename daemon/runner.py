@@ -77,6 +77,7 @@ class EntityRunner:
         self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
         self.queries: dict[str, StreamingQuery] = {}
         self.consumed: dict[str, int] = {}
+        self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
         self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
         self.error: str | None = None
         self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
@@ -149,6 +150,7 @@ class EntityRunner:
                 reader.option("topics", ",".join(kafka.topics))
             if kafka.group_id:
                 reader = reader.option("group_id", kafka.group_id)
+            reader = reader.option("statusPath", str(self._source_status(stream)))
             frame = reader.load()
             handler = partial(self._kafka_batch, stream)
         return (frame.writeStream.foreachBatch(handler)
@@ -202,6 +204,20 @@ class EntityRunner:
             written = endpoint.spool.next_offset if endpoint is not None else 0
         return max(0, written - self.consumed.get(stream, written))
 
+    def _source_status(self, stream: str) -> Path:
+        folder = self.cfg.state / "streams" / stream
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / "source_status.json"
+
+    def source_status(self, stream: str) -> dict | None:
+        """What a Kafka source last reported about its broker ({unavailable, retries, error})."""
+        if self.cfg.kafka_source(stream) is None:
+            return None
+        try:
+            return json.loads(self._source_status(stream).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
     def _kafka_lag(self, stream: str) -> int:
         """Messages on the broker after the last batch's end, as the query last saw them."""
         query = self.queries.get(stream)
@@ -234,6 +250,15 @@ class EntityRunner:
             query = self.queries.get(stream)
             self.metrics.set_backlog(self.cfg.name, stream, self.backlog(stream),
                                      query is not None and query.isActive)
+            status = self.source_status(stream)
+            if status is not None:
+                self.metrics.set_source(self.cfg.name, stream, status["unavailable"], status["retries"])
+                if status["unavailable"] != self._unavailable.get(stream, False):
+                    # The source reports from Spark's planner process; the daemon's log says it here.
+                    event = _log.warning if status["unavailable"] else _log.info
+                    event("source.unavailable" if status["unavailable"] else "source.available",
+                          entity=self.cfg.name, stream=stream, retries=status["retries"], error=status["error"])
+                    self._unavailable[stream] = status["unavailable"]
 
     def stop_intake(self) -> None:
         if self.source is not None:

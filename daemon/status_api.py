@@ -21,7 +21,8 @@ def status(sup: Supervisor) -> dict[str, Any]:
     for name, runner in list(sup.runners.items()):
         queries = runner.queries
         streams = {s: {"running": s in queries and queries[s].isActive, "backlog": runner.backlog(s),
-                       "run_id": str(queries[s].runId) if s in queries else None} for s in runner.cfg.streams()}
+                       "run_id": str(queries[s].runId) if s in queries else None,
+                       "source": runner.source_status(s)} for s in runner.cfg.streams()}
         entities[name] = {"error": runner.error, "streams": streams,
                           **snapshot.get(name, {"files": 0, "rows": 0, "batches": 0, "quarantined": 0,
                                                 "last_commit": None, "freshness_s": None, "watermark": None,

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,15 @@ def _table(path: Path) -> list[dict]:
         return []
 
 
+def _get(url: str, path: str) -> str:
+    with urllib.request.urlopen(url + path, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def _source(url: str) -> dict | None:
+    return json.loads(_get(url, "/status"))["entities"]["orders"]["streams"]["topic"]["source"]
+
+
 def _send_raw(bootstrap: str, topic: str, values: list[bytes]) -> None:
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     for value in values:
@@ -104,10 +114,19 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
         assert daemon.wait(120) == -signal.SIGKILL
         daemon.start()
         wait_for(lambda: len(_table(table)) >= 300, 120, 0.3, "some orders")
+        url = json.loads((tmp_path / "state" / "http.json").read_text())["url"]
+        outage = time.monotonic()
         broker.stop()  # the broker is away for 20 s mid-stream
-        time.sleep(20)
+        wait_for(lambda: (_source(url) or {}).get("unavailable"), 20, 0.2, "the source to report the outage")
+        wait_for(lambda: 'lakefeed_source_unavailable{entity="orders",stream="topic"} 1.0' in _get(url, "/metrics"),
+                 10, 0.2, "the outage in the metrics")
+        time.sleep(max(0.0, 20 - (time.monotonic() - outage)))  # the rest of the outage
         broker.start()
         broker.produce("orders", [{"id": i, "v": "y"} for i in range(600, 1000)])
+        wait_for(lambda: (_source(url) or {}).get("unavailable") is False, 60, 0.2, "the source to be back")
+        assert _source(url)["retries"] >= 1
+        assert daemon.events("source.unavailable") >= 1  # once per outage seen (a restarting broker may flap)
+        assert daemon.events("source.available") == daemon.events("source.unavailable")
         wait_for(lambda: len(_table(table)) >= 1000, 180, 0.5, "every order")
         wait_for(lambda: {r["id"]: r["name"] for r in _table(tmp_path / "lake" / "customers" / "table")}
                  == {1: "ada l."}, 60, 0.3, "the customers' state")
