@@ -98,10 +98,18 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
 
 
 
+def json_options(target: pa.Schema | None) -> pajson.ParseOptions:
+    """Parse the target's columns as their types: inferred types would turn e.g. ISO strings into
+    timestamps (and back into differently formatted strings)."""
+    if target is None:
+        return pajson.ParseOptions()
+    return pajson.ParseOptions(explicit_schema=target, unexpected_field_behavior="infer")
+
+
 def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
     if kind == "ndjson":
         try:
-            return conform(pajson.read_json(path), target, first_line=1)
+            return conform(pajson.read_json(path, parse_options=json_options(target)), target, first_line=1)
         except pa.ArrowInvalid:
             pass  # find the bad lines one by one below
         rows, bad = [], []

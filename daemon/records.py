@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from lakefeed import clock, event_time
 from lakefeed.config import EntityConfig
-from lakefeed.read import BadRow, conform
+from lakefeed.read import BadRow, conform, json_options
 
 MAX_PROBLEMS = 100
 CONTENT_TYPES = {
@@ -78,7 +78,7 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table
             return from_rows(_json_array(body))
         if kind == "ndjson":
             try:
-                return pajson.read_json(io.BytesIO(body))
+                return pajson.read_json(io.BytesIO(body), parse_options=json_options(target))
             except pa.ArrowInvalid:
                 return from_rows(_ndjson_rows(body))  # find the bad lines one by one
         if kind == "csv":

@@ -132,6 +132,7 @@ class Spool:
         self._fd: int | None = None
         self._current: Path | None = None
         self._lock = threading.Lock()
+        self._bytes = 0
         self._load()
 
     def _load(self) -> None:
@@ -152,6 +153,7 @@ class Spool:
                     os.fsync(f.fileno())
                 _log.warning("spool.torn_tail_dropped", segment=str(path), bytes=good)
             self._sizes[path.name] = (first, good)
+            self._bytes += good
             self._next = first + count
             self._current = path
         if self._current is not None:
@@ -180,8 +182,8 @@ class Spool:
         return self._next
 
     def bytes(self) -> int:
-        with self._lock:
-            return sum(size for _, size in self._sizes.values())
+        """Bytes in the spool's segments (read without waiting for a write in progress)."""
+        return self._bytes
 
     def known(self, key: str) -> Entry | None:
         """The entry of an earlier request with this Idempotency-Key."""
@@ -189,16 +191,16 @@ class Spool:
             return self.keys.get(key)
 
     def append(self, items: list[Pending]) -> list[Entry]:
-        """Append frames and fsync once; return their entries (the acknowledgement)."""
-        with self._lock:
-            return self._append(items)
+        """Append frames and fsync once; return their entries (the acknowledgement).
 
-    def _append(self, items: list[Pending]) -> list[Entry]:
-        if self._current is None or self._sizes[self._current.name][1] >= self._segment_bytes:
-            self._rotate()
-        assert self._current is not None and self._fd is not None
-        name = self._current.name
-        first, position = self._sizes[name]
+        One writer (GroupCommit): the write and fsync run outside the lock, so idempotency
+        lookups and releases never wait for the disk."""
+        with self._lock:
+            if self._current is None or self._sizes[self._current.name][1] >= self._segment_bytes:
+                self._rotate()
+            assert self._current is not None and self._fd is not None
+            name, fd = self._current.name, self._fd
+            first, position = self._sizes[name]
         stamp = clock.to_cdm(clock.now())
         frames, entries = [], []
         for item in items:
@@ -207,13 +209,15 @@ class Spool:
             entries.append(_entry(name, position, len(frame), header))
             frames.append(frame)
             position += len(frame)
-        os.writev(self._fd, frames)
-        os.fsync(self._fd)
-        self._sizes[name] = (first, position)
-        self._next += len(entries)
-        for entry in entries:
-            if entry.key:
-                self.keys[entry.key] = entry
+        os.writev(fd, frames)
+        os.fsync(fd)
+        with self._lock:
+            self._bytes += position - self._sizes[name][1]
+            self._sizes[name] = (first, position)
+            self._next += len(entries)
+            for entry in entries:
+                if entry.key:
+                    self.keys[entry.key] = entry
         return entries
 
     def _rotate(self) -> None:
@@ -254,7 +258,7 @@ class Spool:
                     f.flush()
                     os.fsync(f.fileno())
             (self.folder / name).unlink()
-            del self._sizes[name]
+            self._bytes -= self._sizes.pop(name)[1]
             removed += 1
         return removed
 

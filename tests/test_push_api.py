@@ -303,3 +303,13 @@ def test_tls_serves_the_api_over_https_only(make_api, tmp_path):
     with pytest.raises((http.client.HTTPException, ConnectionError)):
         api.post(b'[{"id": 2}]')  # plain HTTP on the TLS port is refused
     assert api.frames() == 1
+
+
+def test_ndjson_values_keep_the_table_types_instead_of_inferred_ones(make_api):
+    api = make_api()
+    assert api.post(b'[{"id": 1, "ts": "2024-02-17T05:20:00Z"}]')[0] == 202
+    api.ingest()  # ts is a string column now
+    body = b'{"id": 2, "ts": "2024-02-18T05:20:00Z"}\n{"id": 3, "ts": "soon"}\n'
+    assert api.post(body, "application/x-ndjson")[0] == 202
+    api.ingest()
+    assert [r["ts"] for r in api.table()] == ["2024-02-17T05:20:00Z", "2024-02-18T05:20:00Z", "soon"]
