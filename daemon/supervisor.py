@@ -93,10 +93,10 @@ class Supervisor:
                     watcher.stop()
                 for runner in self.runners.values():
                     runner.stop_intake()
-                http.stop()
                 deadline = time.monotonic() + self.cfg.shutdown_timeout_s
                 for runner in self.runners.values():
                     runner.stop(deadline)
+                http.stop()  # last: until here pushes get 503 and /healthz, /status answer
                 self.api.close()
         finally:
             session.stop()

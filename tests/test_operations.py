@@ -281,7 +281,7 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
 
 
 def test_watchdog_pings_stop_when_a_query_is_stuck_and_a_second_signal_forces_exit(tmp_path, daemons):
-    config = write_config(tmp_path, [entity_yaml()], stall_timeout_s=3)
+    config = write_config(tmp_path, [entity_yaml(), _push_entity()], stall_timeout_s=3)
     daemon = Daemon(config, tmp_path / "daemon.log")
     daemons.append(daemon)
     notes = Notifications(_notify_socket(tmp_path))
@@ -294,8 +294,13 @@ def test_watchdog_pings_stop_when_a_query_is_stuck_and_a_second_signal_forces_ex
     quiet_from = time.monotonic()
     time.sleep(2.5)
     assert not [t for t, _ in notes.with_field("WATCHDOG=1") if t > quiet_from], "pings went on while stuck"
+    client = Client(tmp_path / "state")
+    assert client.push([{"id": 1}])[0] == 202
     daemon.signal(signal.SIGTERM)  # waits for the stuck batch (up to the shutdown timeout) …
     wait_for(lambda: daemon.events("daemon.stopping") == 1, 30, 0.1, "stopping")
+    status, answer = client.push([{"id": 2}])
+    assert status == 503 and "stopping" in answer["error"]  # intake is closed while batches finish
+    assert client.get_json("/healthz")[0] == 200
     daemon.signal(signal.SIGTERM)  # … a second signal does not wait
     assert daemon.wait(30) == 128 + signal.SIGTERM
     notes.close()
