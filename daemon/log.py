@@ -28,7 +28,8 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         # sys.stderr is looked up per logger, not captured once: it may be replaced (tests, daemons).
-        logger_factory=lambda *_: structlog.PrintLogger(file=sys.stderr),
+        # WriteLogger writes each line in one write(), so a JVM sharing stderr cannot split it.
+        logger_factory=lambda *_: structlog.WriteLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
 

@@ -198,6 +198,19 @@ class Supervisor:
             notify(STATUS=self.status_line())
             return
         notify(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+        # A reload waits for running batches (up to shutdown_timeout_s): it is progress, not a hang,
+        # so the watchdog keeps being fed meanwhile.
+        done = threading.Event()
+        interval = _watchdog_interval()
+        if interval:
+            threading.Thread(target=_feed_watchdog, args=(done, interval), daemon=True).start()
+        try:
+            self._apply(new)
+        finally:
+            done.set()
+        notify(READY="1", STATUS=self.status_line())
+
+    def _apply(self, new: LakefeedConfig) -> None:
         self.config_problems = []
         self.needs_restart = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.cfg, f)]
         old = {e.name: e for e in self.cfg.entities}
@@ -222,9 +235,8 @@ class Supervisor:
             self.api.resume([(name, s) for s in self.runners[name].endpoints])
         _log.info("reload.applied", added=added, removed=removed, restarted=changed,
                   sources_restarted={n: s for n, s in in_place.items()},
-                  unchanged=[n for n in wanted if n not in added and n not in changed],
+                  unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
                   needs_restart=self.needs_restart)
-        notify(READY="1", STATUS=self.status_line())
 
 
 def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:
@@ -234,6 +246,11 @@ def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] |
     before = {s.name: s for s in (*old.push, *old.kafka)}
     after = {s.name: s for s in (*new.push, *new.kafka)}
     return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+
+
+def _feed_watchdog(done: threading.Event, interval: float) -> None:
+    while not done.wait(interval):
+        notify(WATCHDOG="1")
 
 
 def _watchdog_interval() -> float:
