@@ -19,9 +19,19 @@ from lakefeed.inbox import SPARK_SCHEMA, InboxReader
 FORMAT = "lakefeed_inbox"
 
 
-class _Slice(InputPartition):
-    def __init__(self, rows: list[tuple[int, str, int, int, str]]) -> None:
+class Slice(InputPartition):
+    """One partition holding the rows themselves (descriptors: small, planned in one process)."""
+
+    def __init__(self, rows: list[tuple]) -> None:
         self.rows = rows
+
+
+class SliceReader(DataSourceStreamReader):
+    """A stream reader whose partitions are Slices: read() hands their rows to Spark."""
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        assert isinstance(partition, Slice)
+        yield from partition.rows
 
 
 class InboxDataSource(DataSource):
@@ -38,7 +48,7 @@ class InboxDataSource(DataSource):
         return _InboxStreamReader(Path(self.options["path"]), int(self.options.get("maxFilesPerTrigger", 1000)))
 
 
-class _InboxStreamReader(DataSourceStreamReader):
+class _InboxStreamReader(SliceReader):
     def __init__(self, folder: Path, max_files: int) -> None:
         self._inbox = InboxReader(folder)
         self._max_files = max_files
@@ -61,8 +71,4 @@ class _InboxStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         records = self._inbox.records(start["offset"], end["offset"])
-        return [_Slice([r.as_tuple() for r in records])] if records else []
-
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        assert isinstance(partition, _Slice)
-        yield from partition.rows
+        return [Slice([r.as_tuple() for r in records])] if records else []

@@ -8,21 +8,17 @@ reads the records from the spool in the driver. Admission control caps a micro-b
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from lakefeed.connectors.inbox_stream import Slice, SliceReader
 from lakefeed.spool import SPARK_SCHEMA, SpoolReader
 
 FORMAT = "lakefeed_spool"
-
-
-class _Slice(InputPartition):
-    def __init__(self, rows: list[tuple]) -> None:
-        self.rows = rows
 
 
 class SpoolDataSource(DataSource):
@@ -39,7 +35,7 @@ class SpoolDataSource(DataSource):
         return _SpoolStreamReader(Path(self.options["path"]), int(self.options.get("maxRecordsPerTrigger", 1_000_000)))
 
 
-class _SpoolStreamReader(DataSourceStreamReader):
+class _SpoolStreamReader(SliceReader):
     def __init__(self, folder: Path, max_records: int) -> None:
         self._spool = SpoolReader(folder)
         self._max_records = max_records
@@ -69,8 +65,4 @@ class _SpoolStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         self._spool.forget(start["offset"])
         entries = self._spool.entries(start["offset"], end["offset"])
-        return [_Slice([e.as_tuple() for e in entries])] if entries else []
-
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        assert isinstance(partition, _Slice)
-        yield from partition.rows
+        return [Slice([e.as_tuple() for e in entries])] if entries else []

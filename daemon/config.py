@@ -12,37 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from lakefeed.config_base import Frozen, ResolvedPath
+from lakefeed.config_sources import FILES, KafkaSource, LocalDirSource, PushSource
 from lakefeed.errors import ConfigError
+
+__all__ = ["FILES", "KafkaSource", "LocalDirSource", "PushSource", "ResolvedPath"]
 
 IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
 
 
-def _resolve(value: Path, info: ValidationInfo) -> Path:
-    base = (info.context or {}).get("base_dir")
-    if base is not None and not value.is_absolute():
-        return (Path(base) / value).resolve()
-    return value
-
-
-ResolvedPath = Annotated[Path, AfterValidator(_resolve)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PatternSpec(_Frozen):
+class PatternSpec(Frozen):
     """An inline CDM partition pattern, used when lakefeed creates the entity in the manifest."""
 
     name: str
@@ -66,7 +47,7 @@ class PatternSpec(_Frozen):
         return self
 
 
-class CsvFormat(_Frozen):
+class CsvFormat(Frozen):
     kind: Literal["csv"] = "csv"
     header: bool = True
     delimiter: str = Field(default=",", min_length=1, max_length=1)
@@ -87,11 +68,11 @@ class CsvFormat(_Frozen):
         return value
 
 
-class JsonFormat(_Frozen):
+class JsonFormat(Frozen):
     kind: Literal["json", "ndjson"]
 
 
-class ParquetFormat(_Frozen):
+class ParquetFormat(Frozen):
     kind: Literal["parquet"]
 
 
@@ -103,7 +84,7 @@ Strategy = Literal["append", "ledger", "snapshot", "upsert", "delete", "upsert_a
 ChangeKind = Literal["upsert", "delete", "insert", "update"]
 
 
-class CdcConfig(_Frozen):
+class CdcConfig(Frozen):
     """How rows become changes of the current-state table (Open Data Fabric merge strategies, CDM types)."""
 
     strategy: Strategy = "append"
@@ -141,7 +122,7 @@ class CdcConfig(_Frozen):
         return self.strategy != "append"
 
 
-class EventTimeConfig(_Frozen):
+class EventTimeConfig(Frozen):
     """Where each row's event time comes from, and how far behind the watermark a row may arrive."""
 
     source: Literal["system", "column", "path", "file_mtime"] = "system"
@@ -165,76 +146,7 @@ class EventTimeConfig(_Frozen):
         return self
 
 
-class LocalDirSource(_Frozen):
-    type: Literal["local_dir"] = "local_dir"
-    path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
-    reconcile_interval_s: float = Field(default=60.0, gt=0, description="Listing to catch missed events.")
-    max_files_per_trigger: int = Field(default=1000, gt=0)
-
-
-Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$", max_length=64)]
-FILES = "files"  # the stream name of an entity's file source
-
-
-class PushSource(_Frozen):
-    """Producers POST records to /v1/entities/{entity}/sources/{name}/records (docs/push-api.md)."""
-
-    type: Literal["http_push"] = "http_push"
-    name: Name
-    tokens_sha256: tuple[str, ...] = Field(
-        min_length=1, description="SHA-256 (hex) of each bearer token allowed to push to this source; "
-                                  "`lakefeed token` makes a token and its hash.")
-    rate_limit_per_s: float | None = Field(default=None, gt=0, description="Requests per second (burst 2x); "
-                                                                          "429 beyond it.")
-    spool_max_bytes: int = Field(default=1 << 30, gt=0, description="Acknowledged data not yet committed; "
-                                                                    "503 with Retry-After beyond it.")
-    segment_bytes: int = Field(default=64 << 20, gt=0, description="Spool segment size.")
-    idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="How long an Idempotency-Key is "
-                                                                        "remembered.")
-    max_records_per_trigger: int = Field(default=1_000_000, gt=0)
-
-    @field_validator("tokens_sha256")
-    @classmethod
-    def _hex_hashes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for digest in value:
-            if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError("each entry must be a lowercase hex SHA-256 digest (64 characters), not a token")
-        return value
-
-
-class KafkaSource(_Frozen):
-    """Records from Kafka topics; offsets live in the query's checkpoint (docs/kafka.md)."""
-
-    type: Literal["kafka"] = "kafka"
-    name: Name
-    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port…]")
-    topics: tuple[str, ...] = ()
-    pattern: str | None = Field(default=None, description="A regex over topic names (instead of topics); "
-                                                          "new matching topics are picked up.")
-    starting_offsets: str = Field(default="earliest", description="earliest, latest, or JSON "
-                                  '{"topic": {"0": offset}} (-2 earliest, -1 latest) for a new checkpoint.')
-    max_offsets_per_trigger: int = Field(default=100_000, gt=0)
-    group_id: str | None = Field(default=None, description="Processed offsets are mirrored to this consumer "
-                                                           "group for lag monitoring only.")
-    retry_timeout_s: float = Field(default=300.0, gt=0, description="How long an unreachable broker is "
-                                                                    "retried before the stream fails.")
-    metadata_columns: tuple[Literal["topic", "partition", "offset", "timestamp", "key", "headers"], ...] = Field(
-        default=("topic", "partition", "offset", "timestamp", "key"),
-        description="Message coordinates kept as columns kafka_<name> beside the value's fields.")
-
-    @model_validator(mode="after")
-    def _topics_or_pattern(self) -> KafkaSource:
-        if bool(self.topics) == bool(self.pattern):
-            raise ValueError("give exactly one of topics and pattern")
-        if self.pattern:
-            try:
-                re.compile(self.pattern)
-            except re.error as exc:
-                raise ValueError(f"pattern does not compile: {exc}") from exc
-        return self
-
-
-class EntityConfig(_Frozen):
+class EntityConfig(Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     source: LocalDirSource | None = Field(default=None, description="Where the entity's files land.")
     push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
@@ -299,7 +211,7 @@ class EntityConfig(_Frozen):
         return next((k for k in self.kafka if k.name == stream), None)
 
 
-class HttpConfig(_Frozen):
+class HttpConfig(Frozen):
     """The daemon's HTTP server: push API, health and status."""
 
     host: str = Field(default="127.0.0.1", description="Listen address (loopback by default).")
@@ -316,14 +228,14 @@ class HttpConfig(_Frozen):
         return self
 
 
-class SparkConfig(_Frozen):
+class SparkConfig(Frozen):
     master: str = "local[2]"
     app_name: str = "lakefeed"
     trigger_interval_s: float = Field(default=1.0, gt=0)
     conf: dict[str, str] = Field(default_factory=dict)
 
 
-class LakefeedConfig(_Frozen):
+class LakefeedConfig(Frozen):
     lake_dir: ResolvedPath = Path("var/lake")
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from datetime import UTC, datetime
@@ -18,7 +17,7 @@ from lakefeed.connectors.kafka_source import ARROW_SCHEMA, FORMAT, KafkaDataSour
 from lakefeed.errors import TransientError
 from tests import kafka_broker as broker_fixtures
 from tests.conftest import wait_for
-from tests.kafka_broker import EXTERNAL_ENV, Broker, free_port
+from tests.kafka_broker import Broker, free_port
 
 kafka_broker = broker_fixtures.kafka_broker  # the module-scoped broker fixture, visible to pytest here
 
@@ -75,9 +74,8 @@ def runs():
 
 @pytest.fixture
 def own_broker(tmp_path):
-    """A broker of the test's own (it gets stopped and restarted), on a free port, not started yet."""
-    if os.environ.get(EXTERNAL_ENV):
-        pytest.skip(f"stops and restarts the broker: needs the tansu broker, not {EXTERNAL_ENV}")
+    """A tansu broker of the test's own (it gets stopped and restarted, losing its topics), on a free port, not
+    started yet — also when LAKEFEED_TEST_KAFKA points the other tests at a real Kafka."""
     broker = Broker(tmp_path / "tansu.log", port=free_port())
     yield broker
     broker.stop()

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from lakefeed import config
 from lakefeed.connectors import cdm_manifest
 from lakefeed.inbox import FileEvent
-from lakefeed.supervisor import EntityRunner
+from lakefeed.metrics import Metrics
+from lakefeed.runner import EntityRunner
 from lakefeed.verify import verify
 from tests import cdm_sdk
 from tests.cdc_model import Model
@@ -35,7 +36,7 @@ def _rows(uri) -> int:
 @pytest.fixture
 def runner(spark, tmp_path):
     cfg = config.load(write_config(tmp_path))
-    r = EntityRunner(spark, cfg.entities[0], cfg.spark.trigger_interval_s, (cfg.lake_dir, cfg.state_dir))
+    r = EntityRunner(spark, cfg.entities[0], cfg.spark.trigger_interval_s, (cfg.lake_dir, cfg.state_dir), Metrics())
     yield r
     r.stop_intake()
     r.stop(time.monotonic() + 30)
@@ -99,7 +100,7 @@ def test_keyed_entity_through_spark_matches_the_changes(spark, tmp_path):
                          source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 1,
                                  "max_files_per_trigger": 3})
     cfg = config.load(write_config(tmp_path, [entity]))
-    runner = EntityRunner(spark, cfg.entities[0], 0.2, (cfg.lake_dir, cfg.state_dir))
+    runner = EntityRunner(spark, cfg.entities[0], 0.2, (cfg.lake_dir, cfg.state_dir), Metrics())
     rng = random.Random(7)
     expected: dict[int, tuple[str, int]] = {}
     latest: dict[int, int] = {}
@@ -148,14 +149,15 @@ def test_cdc_model_through_a_spark_query(spark, strategy, data, late_policy):
         lake = Lake(Path(tmp), {"strategy": strategy, "primary_key": ["k"], "sequence_by": ["seq"]},
                     {"source": "column", "column": "et", "allowed_lateness_s": 120, "late_policy": late_policy},
                     pattern="/_*.csv", prepare=False)  # names the source leaves alone: the test makes the batches
-        runner = EntityRunner(spark, lake.cfg, 0.2, (lake.cfg.table.parent.parent, lake.cfg.state.parent))
+        runner = EntityRunner(spark, lake.cfg, 0.2, (lake.cfg.table.parent.parent, lake.cfg.state.parent),
+                              Metrics())
         runner.start()
         try:
             for n, files in enumerate(data):
                 paths = [land(lake.cfg.source.path / "data" / f"_b{n}_f{i}.csv", cdc_csv(rows))
                          for i, rows in enumerate(files)]
                 runner.inbox.offer([FileEvent.of(p) for p in paths])  # one append: one Spark batch
-                runner.query.processAllAvailable()
+                runner.queries["files"].processAllAvailable()
                 model.apply_batch(files)
                 assert lake.state() == model.state
         finally:
