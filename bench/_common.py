@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 class BenchError(Exception):
@@ -25,3 +30,72 @@ class Deadline:
 
 def say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- processes and the daemon's log
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log_events(log_path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """JSON events of the daemon log from byte `start` on (complete lines only); next start."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        chunk = f.read()
+    end = chunk.rfind(b"\n") + 1
+    events = []
+    for line in chunk[:end].splitlines():
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue  # Spark / JVM output
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "event" in obj:
+            events.append(obj)
+    return events, start + end
+
+
+def log_tail(log_path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
+    """SIGTERM and wait; the exit code, or None if it did not stop in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    return proc.returncode
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a started process's group (the daemon, its JVM and Python workers) if alive."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session=True: pgid == pid
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def cpu_of(pid: int) -> tuple[int, float]:
+    """(session id, CPU seconds incl. reaped children) of a process."""
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
+    return int(fields[3]), sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK  # all but idle and iowait; guest is in user

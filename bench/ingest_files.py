@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
+from _common import (  # bench/ is the script folder, so on sys.path
+    BenchError,
+    Deadline,
+    kill_group,
+    log_events,
+    log_tail,
+    say,
+    stop_process,
+)
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -101,33 +108,6 @@ def generate(staging: Path, files: int, rows: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- daemon
-
-
-def log_events(log_path: Path, start: int = 0) -> tuple[list[dict], int]:
-    """JSON events of the daemon log from byte `start` on (complete lines only); next start."""
-    with open(log_path, "rb") as f:
-        f.seek(start)
-        chunk = f.read()
-    end = chunk.rfind(b"\n") + 1
-    events = []
-    for line in chunk[:end].splitlines():
-        line = line.strip()
-        if not line.startswith(b"{"):
-            continue  # Spark / JVM output
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and "event" in obj:
-            events.append(obj)
-    return events, start + end
-
-
-def log_tail(log_path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def wait_ready(proc: subprocess.Popen, log_path: Path, deadline: Deadline) -> None:
@@ -208,28 +188,6 @@ def table_rows(uri: Path) -> int:
     return int(pc.sum(actions.column("num_records")).as_py() or 0)
 
 
-def stop_daemon(proc: subprocess.Popen, timeout: float) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-    return proc.returncode
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the daemon's process group (the daemon, its JVM and Python workers) if alive."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session=True: pgid == pid
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _ts(ev: dict) -> float:
     return datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
 
@@ -302,7 +260,7 @@ def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, d
         say(f"all files visible: {total_rows} rows in {len(commits)} commits, {elapsed:.2f}s after first landing")
         say("stopping the daemon (SIGTERM)")
         t_stop = time.time()
-        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        code = stop_process(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code is None:
             raise BenchError("daemon did not exit within 120s of SIGTERM")
         say(f"daemon exited with {code} after {time.time() - t_stop:.1f}s")

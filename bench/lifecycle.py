@@ -69,7 +69,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 import yaml
-from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
+from _common import (  # bench/ is the script folder, so on sys.path
+    CLK_TCK,
+    BenchError,
+    Deadline,
+    cpu_of,
+    kill_group,
+    say,
+)
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
@@ -78,7 +85,6 @@ SOURCE = "api"
 REQUEST_TIMEOUT_S = 30.0
 MAX_INFLIGHT = 200  # per entity: beyond it a scheduled request is skipped (and counted)
 MIN_BASELINE_S = 8.0  # a steady window shorter than this leaves no room for a control window
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SPARK_BASELINE = """\
 from pyspark.sql import SparkSession
 session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
@@ -221,17 +227,6 @@ class Daemon:
             return ""
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session=True: pgid == pid
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def log_time(event: dict[str, Any], wall_minus_mono: float) -> float:
     """A log line's (wall, UTC) timestamp on this process's monotonic clock."""
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp() - wall_minus_mono
@@ -255,20 +250,13 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def _cpu_of(pid: int) -> tuple[int, float]:
-    """(session id, CPU seconds incl. reaped children) of a process."""
-    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    fields = stat[stat.rfind(")") + 2:].split()
-    return int(fields[3]), sum(int(x) for x in fields[11:15]) / CLK_TCK
-
-
 def cpu_sample(session: int) -> dict[str, float]:
     """CPU seconds so far: this process, the daemon's session (daemon, JVM, workers), the whole machine."""
     daemon = 0.0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                sid, cpu = _cpu_of(int(entry))
+                sid, cpu = cpu_of(int(entry))
             except (OSError, ValueError, IndexError):
                 continue
             if sid == session:

@@ -60,7 +60,16 @@ import aiohttp
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
+from _common import (  # bench/ is the script folder, so on sys.path
+    BenchError,
+    Deadline,
+    cpu_of,
+    kill_group,
+    log_tail,
+    machine_busy,
+    say,
+    stop_process,
+)
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
@@ -82,7 +91,6 @@ CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
 # (records per request, body format, connections)
 PHASES = [(1, "json", 16), (100, "json", 8), (10_000, "json", 4), (10_000, "ndjson", 4), (10_000, "arrow", 4)]
 FSYNC_GROUP = 16
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 CONFIG = """\
 lake_dir: lake
@@ -129,14 +137,6 @@ def phase_key(batch: int, kind: str) -> str:
 # --------------------------------------------------------------------------- measuring
 
 
-def _cpu_of(pid: int) -> tuple[int, float]:
-    """(session id, CPU seconds incl. reaped children) of a process."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-        stat = f.read()
-    fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
-    return int(fields[3]), sum(int(x) for x in fields[11:15]) / CLK_TCK
-
-
 class CpuMeter:
     """CPU seconds of this process, of a server process and of the rest of its session (JVM, workers)."""
 
@@ -144,17 +144,17 @@ class CpuMeter:
         self.pid = pid
 
     def sample(self) -> dict[str, float]:
-        out = {"client": time.process_time(), "server": 0.0, "server_children": 0.0, "machine": _machine_busy(),
+        out = {"client": time.process_time(), "server": 0.0, "server_children": 0.0, "machine": machine_busy(),
                "at": time.time()}
         try:
-            out["server"] = _cpu_of(self.pid)[1]
+            out["server"] = cpu_of(self.pid)[1]
         except OSError:
             return out
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == self.pid:
                 continue
             try:
-                sid, cpu = _cpu_of(int(entry))
+                sid, cpu = cpu_of(int(entry))
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
             if sid == self.pid:  # started with start_new_session: its session id is its pid
@@ -172,13 +172,6 @@ class CpuMeter:
 def _window(before: dict[str, float], after: dict[str, float]) -> list[float]:
     """Wall-clock start and end (Unix time) of the measured part, to match the daemon's log."""
     return [round(before["at"], 3), round(after["at"], 3)]
-
-
-def _machine_busy() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat", encoding="ascii") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK  # all but idle and iowait; guest is in user
 
 
 class Tally:
@@ -384,35 +377,6 @@ def wait_ready(proc: subprocess.Popen, state: Path, log_path: Path, deadline: De
             except (urllib.error.URLError, OSError):
                 pass  # 503 until every query runs
         time.sleep(0.2)
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-    return proc.returncode
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL a started process's group (the daemon, its JVM and Python workers) if alive."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session=True: pgid == pid
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def log_tail(log_path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 class TableRows:
