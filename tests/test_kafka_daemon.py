@@ -125,9 +125,12 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
         broker.produce("orders", [{"id": i, "v": "y"} for i in range(600, 1000)])
         wait_for(lambda: (_source(url) or {}).get("unavailable") is False, 60, 0.2, "the source to be back")
         assert _source(url)["retries"] >= 1
-        reports = [json.loads(line) for line in daemon.log.read_text().splitlines()
-                   if line.startswith("{") and '"entity": "orders"' in line and '"event": "source.' in line]
-        assert [r["event"] for r in reports][-2:] == ["source.unavailable", "source.available"]
+
+        def reports() -> list[str]:  # logged by the daemon's sampling loop, a moment after /status shows it
+            return [json.loads(line)["event"] for line in daemon.log.read_text().splitlines()
+                    if line.startswith("{") and '"entity": "orders"' in line and '"event": "source.' in line]
+
+        wait_for(lambda: reports()[-2:] == ["source.unavailable", "source.available"], 10, 0.2, "the log")
         wait_for(lambda: len(_table(table)) >= 1000, 180, 0.5, "every order")
         wait_for(lambda: {r["id"]: r["name"] for r in _table(tmp_path / "lake" / "customers" / "table")}
                  == {1: "ada l."}, 60, 0.3, "the customers' state")
