@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,3 +102,26 @@ def machine_busy() -> float:
     with open("/proc/stat", encoding="ascii") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK  # all but idle and iowait; guest is in user
+
+
+# --------------------------------------------------------------------------- work folder and the report
+
+
+def workdir(parser: argparse.ArgumentParser, given: Path | None, keep: bool, prefix: str) -> tuple[Path, bool]:
+    """The benchmark's work folder and whether to remove it at the end (a given folder must be empty)."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix=prefix)), not keep
+    work = given.resolve()
+    if work.exists() and any(work.iterdir()):
+        parser.error(f"--workdir {work} is not empty")
+    work.mkdir(parents=True, exist_ok=True)
+    return work, False
+
+
+def publish(report: dict, work: Path, remove: bool) -> None:
+    """Print the one JSON result on stdout, then remove the work folder (or say where it was kept)."""
+    print(json.dumps(report), flush=True)
+    if remove:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        say(f"kept {work}")

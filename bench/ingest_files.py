@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -40,8 +38,10 @@ from _common import (  # bench/ is the script folder, so on sys.path
     kill_group,
     log_events,
     log_tail,
+    publish,
     say,
     stop_process,
+    workdir,
 )
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
@@ -368,15 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     deadline = Deadline(args.timeout)
 
-    if args.workdir is None:
-        work = Path(tempfile.mkdtemp(prefix="lakefeed-bench-"))
-        remove = not args.keep
-    else:
-        work = args.workdir.resolve()
-        if work.exists() and any(work.iterdir()):
-            p.error(f"--workdir {work} is not empty")
-        work.mkdir(parents=True, exist_ok=True)
-        remove = False
+    work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-")
     report: dict = {"files": args.files, "rows": args.files * args.rows, "rows_per_file": args.rows,
                     "staging": args.staging,
                     "ok": False, "workdir": str(work)}
@@ -446,11 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = "interrupted"
         return 1
     finally:
-        print(json.dumps(report), flush=True)
-        if remove:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            say(f"kept {work}")
+        publish(report, work, remove)
 
 
 if __name__ == "__main__":

@@ -56,11 +56,9 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter, defaultdict
@@ -74,7 +72,7 @@ sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixt
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from _common import BenchError, Deadline, kill_group, log_events, log_tail, say  # noqa: E402  (bench/ is the script folder, so on sys.path)
+from _common import BenchError, Deadline, kill_group, log_events, log_tail, publish, say, workdir  # noqa: E402  (bench/ is the script folder, so on sys.path)
 from deltalake import DeltaTable  # noqa: E402
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
@@ -643,15 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     if not caps or min(caps) <= 0 or args.messages <= 0 or args.partitions <= 0:
         p.error("--messages, --partitions and --max-offsets must be positive")
 
-    if args.workdir is None:
-        work = Path(tempfile.mkdtemp(prefix="lakefeed-bench-kafka-"))
-        remove = not args.keep
-    else:
-        work = args.workdir.resolve()
-        if work.exists() and any(work.iterdir()):
-            p.error(f"--workdir {work} is not empty")
-        work.mkdir(parents=True, exist_ok=True)
-        remove = False
+    work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-kafka-")
     n, parts = args.messages, args.partitions
     report: dict[str, Any] = {"bench": "kafka_ingest", "messages": n, "partitions": parts,
                               "value_bytes": len(value(n // 2)), "max_offsets_per_trigger": caps,
@@ -740,11 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         broker.stop()
-        print(json.dumps(report), flush=True)
-        if remove:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            say(f"kept {work}")
+        publish(report, work, remove)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import statistics
@@ -75,6 +74,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     Deadline,
     cpu_of,
     kill_group,
+    publish,
     say,
 )
 from deltalake import DeltaTable
@@ -798,11 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = "interrupted"
         return 1
     finally:
-        print(json.dumps(report), flush=True)
-        if args.keep:
-            say(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        publish(report, work, not args.keep)
 
 
 if __name__ == "__main__":

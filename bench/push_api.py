@@ -42,11 +42,9 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -67,8 +65,10 @@ from _common import (  # bench/ is the script folder, so on sys.path
     kill_group,
     log_tail,
     machine_busy,
+    publish,
     say,
     stop_process,
+    workdir,
 )
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -628,15 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = Deadline(args.timeout)
     phases = PHASES if args.phases is None else [_phase(spec, p) for spec in args.phases.split(",")]
 
-    if args.workdir is None:
-        work = Path(tempfile.mkdtemp(prefix="lakefeed-bench-push-"))
-        remove = not args.keep
-    else:
-        work = args.workdir.resolve()
-        if work.exists() and any(work.iterdir()):
-            p.error(f"--workdir {work} is not empty")
-        work.mkdir(parents=True, exist_ok=True)
-        remove = False
+    work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-push-")
     report: dict[str, Any] = {"bench": "push_api", "ok": False, "workdir": str(work), "machine": machine(),
                               "source": source_tree(),
                               "settings": {k: v for k, v in vars(args).items() if k not in ("floor_server",)}
@@ -711,11 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = "interrupted"
         return 1
     finally:
-        print(json.dumps(report), flush=True)
-        if remove:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            say(f"kept {work}")
+        publish(report, work, remove)
 
 
 def _phase(spec: str, parser: argparse.ArgumentParser) -> tuple[int, str, int]:
