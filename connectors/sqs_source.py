@@ -1,21 +1,13 @@
 """S3 event notifications read from an SQS queue (S3→SQS, or S3→SNS→SQS) into the inbox.
 
-A thread long-polls the queue. Each batch is parsed (`s3_events`), reduced to the outcome per
-key, and then: created objects are offered to the inbox, removals go to `on_removed`, bodies
-with rejected records are moved aside with the reason (to a dead-letter queue as a `reason`
-message attribute, else a local JSONL file), and only then are the messages deleted. A crash
-anywhere before the delete means redelivery after the visibility timeout, which is harmless:
-the inbox keeps one record per identity, and `on_removed` must be idempotent too. While a
-batch is worked on its visibility is extended, so a slow batch is not handed out twice.
-
-Identity of an object in the inbox: `path = s3://bucket/key` (the key as is, not
-percent-encoded), `size`, `mtime_ns` = the event's `eventTime` in nanoseconds (millisecond
-precision). The event time, not the eTag, because `mtime_ns` is read as the file's
-modification time downstream. So a repeat of the same event (SQS redelivery, moto's second
-event for a multipart upload) is one record, and rewriting an object, even with equal bytes,
-is a new one, as for a local file. A listing that should recognise notified objects must
-produce the same identity; S3's LastModified differs from eventTime, so `reconcile` only
-offers what an optional `lister` yields and does no listing of its own.
+A thread long-polls the queue. Each batch is parsed (`s3_events`) and its events handed to
+`deliver`, which returns once they are durable (the S3 landing writes them to the inbox);
+bodies with rejected records are moved aside with the reason (to a dead-letter queue as a
+`reason` message attribute, else a local JSONL file), and only then are the messages deleted.
+A crash anywhere before the delete means redelivery after the visibility timeout, which is
+harmless: the inbox keeps one record per object identity. While a batch is worked on its
+visibility is extended, so a slow batch is not handed out twice. SQS cannot be listed: the
+landing's listing catches what the queue lost.
 """
 
 from __future__ import annotations
@@ -23,9 +15,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +27,10 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_when
 
 from lakefeed import clock, failpoints, log
 from lakefeed.connectors.base import Source
-from lakefeed.connectors.s3_events import ObjectEvent, Parsed, Scope, latest_per_key, parse
+from lakefeed.connectors.s3_events import ObjectEvent, Parsed, Scope, parse
 from lakefeed.errors import TerminalError
-from lakefeed.inbox import FileEvent, Inbox
 
 _log = log.get(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _THROTTLED = {"Throttling", "ThrottlingException", "RequestThrottled", "RequestTimeout", "ServiceUnavailable",
               "InternalError", "InternalFailure", "KmsThrottled"}
 
@@ -54,15 +43,6 @@ def transient(exc: BaseException) -> bool:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return exc.response.get("Error", {}).get("Code") in _THROTTLED or status >= 500
     return False
-
-
-def mtime_ns(t: datetime) -> int:
-    return (t - _EPOCH) // timedelta(microseconds=1) * 1000
-
-
-def file_event(ev: ObjectEvent) -> FileEvent:
-    assert ev.kind == "created" and ev.size is not None
-    return FileEvent(ev.uri, ev.size, mtime_ns(ev.event_time))
 
 
 def _reveal(secret: Any) -> str | None:
@@ -78,13 +58,12 @@ def _sqs_text(text: str, limit: int = 1024) -> str:
 
 
 class SqsSource(Source):
-    def __init__(self, entity: str, inbox: Inbox, queue_url: str, scope: Scope, *,
-                 on_removed: Callable[[list[ObjectEvent]], None], region: str,
+    def __init__(self, entity: str, queue_url: str, scope: Scope, *,
+                 deliver: Callable[[list[ObjectEvent]], object], region: str,
                  endpoint_override: str | None = None, access_key_id: str | None = None,
                  secret_access_key: Any = None, session_token: Any = None,
                  dead_letter_url: str | None = None, poison_file: Path | None = None,
                  wait_time_s: int = 20, visibility_timeout_s: int = 60, attempts: int = 5,
-                 lister: Callable[[], Iterable[FileEvent]] | None = None,
                  failpoint: Callable[[str], None] = failpoints.reached, stop_timeout_s: float = 2.0) -> None:
         if not (dead_letter_url or poison_file):
             raise ValueError(f"entity {entity!r}: set dead_letter_url or poison_file, where rejected messages go")
@@ -94,15 +73,13 @@ class SqsSource(Source):
             raise ValueError(f"entity {entity!r}: visibility_timeout_s must be 1..43200, not {visibility_timeout_s}")
         self.entity = entity
         self.queue_url = queue_url
-        self._inbox = inbox
         self._scope = scope
-        self._on_removed = on_removed
+        self._deliver = deliver
         self._dlq = dead_letter_url
         self._poison_file = poison_file
         self._wait = wait_time_s
         self._visibility = visibility_timeout_s
         self._attempts = attempts
-        self._lister = lister
         self._failpoint = failpoint
         self._stop_timeout = stop_timeout_s
         self._endpoint = endpoint_override
@@ -133,16 +110,12 @@ class SqsSource(Source):
                 self._call(self._sqs.get_queue_attributes, QueueUrl=url, AttributeNames=["QueueArn"])
             except boto_errors.ClientError as exc:
                 raise TerminalError(f"entity {self.entity!r}: queue {url} cannot be used: {exc}") from exc
-        found = self.reconcile() if self._lister else 0
-        _log.info("source.started", entity=self.entity, queue=self.queue_url, endpoint=self._endpoint,
-                  backlog_found=found)
+        _log.info("source.started", entity=self.entity, queue=self.queue_url, endpoint=self._endpoint)
         self._thread.start()
 
     def reconcile(self) -> int:
-        """Offer what the optional lister yields. SQS cannot be listed: without a lister, 0."""
-        if self._lister is None:
-            return 0
-        return len(self._offer(list(self._lister())))
+        """A queue cannot be listed; the landing's listing does this."""
+        return 0
 
     def stop(self) -> None:
         """Stop intake; a long poll still in flight ends on its own and its messages are released."""
@@ -184,24 +157,11 @@ class SqsSource(Source):
                 _log.warning("event.rejected", entity=self.entity, message_id=m["MessageId"], reason=r.reason,
                              excerpt=r.raw_excerpt)
         self._failpoint("sqs.received")
-        outcome = latest_per_key(ev for _, p in parsed for ev in p.events)
-        created = [file_event(ev) for ev in outcome if ev.kind == "created"]
-        removed = [ev for ev in outcome if ev.kind == "removed"]
-        self._offer(created)
-        if removed:
-            self._on_removed(removed)
-            for ev in removed:
-                _log.info("object.removed", entity=self.entity, file=ev.uri)
+        self._deliver([ev for _, p in parsed for ev in p.events])
         self._failpoint("sqs.offered")
         for m, p in parsed:
             if reason := _aside_reason(p):
                 self._move_aside(m, reason)
-
-    def _offer(self, events: list[FileEvent]) -> list[Any]:
-        added = self._inbox.offer(events) if events else []
-        for rec in added:
-            _log.info("file.enqueued", entity=self.entity, file=rec.path, offset=rec.offset, size=rec.size)
-        return added
 
     def _move_aside(self, message: dict[str, Any], reason: str) -> None:
         if self._dlq:

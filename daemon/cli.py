@@ -125,7 +125,7 @@ def _verify(cfg: config.LakefeedConfig, only: list[str] | None) -> int:
 
 def _advance_watermark(cfg: config.LakefeedConfig, entity: str, to: str) -> int:
     from lakefeed import clock
-    from lakefeed.connectors.delta_rs import DeltaRsSink
+    from lakefeed.commit import delta_sink
     from lakefeed.event_time import WATERMARK_KEY
 
     if entity not in {e.name for e in cfg.entities}:
@@ -136,7 +136,7 @@ def _advance_watermark(cfg: config.LakefeedConfig, entity: str, to: str) -> int:
     except ValueError:
         print(f"lakefeed: --to {to!r} is not an ISO 8601 time", file=sys.stderr)
         return 2
-    sink = DeltaRsSink(cfg.entity(entity).table)
+    sink = delta_sink(cfg.entity(entity), cfg.entity(entity).table)
     schema = sink.schema()
     if schema is None:
         print(f"lakefeed: entity {entity!r} has no table yet; nothing to advance", file=sys.stderr)

@@ -13,6 +13,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from lakefeed.connectors.base import TableSink
 from lakefeed.connectors.delta_rs import DeltaRsSink
 from lakefeed.manifests import METADATA_KEY
 from lakefeed.read import BadRow
+from lakefeed.storage import Storage
 
 
 @dataclass
@@ -38,9 +40,14 @@ class Sinks:
 
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
-        return cls(DeltaRsSink(cfg.table), DeltaRsSink(cfg.changelog, unique_columns=("offset",)),
-                   DeltaRsSink(cfg.quarantine), DeltaRsSink(cfg.history) if cfg.cdc.history else None,
-                   DeltaRsSink(cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
+        return cls(delta_sink(cfg, cfg.table), delta_sink(cfg, cfg.changelog, unique_columns=("offset",)),
+                   delta_sink(cfg, cfg.quarantine), delta_sink(cfg, cfg.history) if cfg.cdc.history else None,
+                   delta_sink(cfg, cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
+
+
+def delta_sink(cfg: EntityConfig, location: Path | str, **kwargs: Any) -> DeltaRsSink:
+    """The Delta table at one of the entity's locations, local or in its object store."""
+    return DeltaRsSink(location, storage_options=Storage(cfg.storage).delta_options(location), **kwargs)
 
 
 @dataclass

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from lakefeed.config_base import Frozen, ResolvedPath
-from lakefeed.config_sources import FILES, KafkaSource, LocalDirSource, PushSource
+from lakefeed.config_base import Frozen, Location, ResolvedPath
+from lakefeed.config_sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
 from lakefeed.errors import ConfigError
 
-__all__ = ["FILES", "KafkaSource", "LocalDirSource", "PushSource", "ResolvedPath"]
+__all__ = ["FILES", "KafkaSource", "LocalDirSource", "Location", "PushSource", "ResolvedPath", "S3Source",
+           "S3Storage"]
 
 IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
 
@@ -146,9 +147,18 @@ class EventTimeConfig(Frozen):
         return self
 
 
+def _source_type(value: Any) -> str:
+    return (value.get("type") if isinstance(value, dict) else getattr(value, "type", None)) or "local_dir"
+
+
+FileSource = Annotated[Annotated[LocalDirSource, Tag("local_dir")] | Annotated[S3Source, Tag("s3")],
+                       Discriminator(_source_type)]
+
+
 class EntityConfig(Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    source: LocalDirSource | None = Field(default=None, description="Where the entity's files land.")
+    source: FileSource | None = Field(default=None, description="Where the entity's files land: a local folder "
+                                      "(type local_dir, the default) or a bucket prefix (type s3).")
     push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
     kafka: tuple[KafkaSource, ...] = Field(default=(), description="Kafka topic sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
@@ -156,14 +166,16 @@ class EntityConfig(Frozen):
     format: FileFormat = CsvFormat()
     event_time: EventTimeConfig = EventTimeConfig()
     cdc: CdcConfig = CdcConfig()
-    table: ResolvedPath
-    changelog: ResolvedPath
-    quarantine: ResolvedPath
-    history: ResolvedPath
-    tombstones: ResolvedPath = Field(description="Sequences of deleted keys (with sequence_by), so that an "
+    table: Location
+    changelog: Location
+    quarantine: Location
+    history: Location
+    tombstones: Location = Field(description="Sequences of deleted keys (with sequence_by), so that an "
                                                  "older change arriving later cannot bring a deleted row back.")
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
+    storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: the top-level "
+                                                                "`storage`).")
 
     @model_validator(mode="after")
     def _sources(self) -> EntityConfig:
@@ -187,12 +199,23 @@ class EntityConfig(Frozen):
         root = self.manifest.parent
         if self.source is None:
             return self
+        if isinstance(self.source, S3Source):
+            if self.manifest != self.state / "cdm" / self.source.manifest_name:
+                raise ValueError(f"an s3 source keeps its manifest in the bucket, at {self.source.url.rstrip('/')}/"
+                                 f"{self.source.manifest_name}: remove `manifest` (set source.manifest_name "
+                                 "to name it)")
+            return self
         if root != self.source.path and root not in self.source.path.parents:
             raise ValueError(
                 f"source.path {self.source.path} must be the manifest's folder {root} or below it: "
                 "partition locations are corpus paths relative to the manifest"
             )
         return self
+
+    @property
+    def manifest_url(self) -> str | None:
+        """Where the manifest is published when the entity's root is a bucket (`manifest` is the working copy)."""
+        return self.source.root + self.source.manifest_name if isinstance(self.source, S3Source) else None
 
     def streams(self) -> list[str]:
         """The names of the entity's sources, each read by its own streaming query."""
@@ -236,7 +259,8 @@ class SparkConfig(Frozen):
 
 
 class LakefeedConfig(Frozen):
-    lake_dir: ResolvedPath = Path("var/lake")
+    lake_dir: Location = Field(default=Path("var/lake"), description="Default home of the entities' Delta "
+                               "tables: a folder or s3://bucket/prefix.")
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_s: float = Field(default=60.0, gt=0)
@@ -246,6 +270,7 @@ class LakefeedConfig(Frozen):
                                    "finished for this long is stuck: the systemd watchdog pings stop.")
     spark: SparkConfig = SparkConfig()
     http: HttpConfig = HttpConfig()
+    storage: S3Storage = Field(default=S3Storage(), description="Object-store access for s3:// locations.")
     entities: tuple[EntityConfig, ...]
 
     @field_validator("entities")
@@ -261,7 +286,7 @@ class LakefeedConfig(Frozen):
         """Fill each entity's unset paths from lake_dir/state_dir before validation."""
         if not isinstance(data, dict) or not isinstance(data.get("entities"), list):
             return data
-        lake = str(data.get("lake_dir", "var/lake"))
+        lake = str(data.get("lake_dir", "var/lake")).rstrip("/")
         state = str(data.get("state_dir", "var/state"))
         entities = []
         for raw in data["entities"]:
@@ -278,8 +303,16 @@ class LakefeedConfig(Frozen):
                     **raw,
                 }
                 source = raw.get("source")
-                if "manifest" not in raw:
+                if "storage" in data:
+                    raw.setdefault("storage", data["storage"])
+                if isinstance(source, dict) and source.get("type") == "s3":
+                    # The working copy; the manifest itself is published next to the data in the bucket.
+                    name_ = source.get("manifest_name", "default.manifest.cdm.json")
+                    raw.setdefault("manifest", f"{raw['state']}/cdm/{name_}")
+                elif "manifest" not in raw:
                     folder = source["path"] if isinstance(source, dict) and "path" in source else lake
+                    if folder.startswith("s3://"):
+                        folder = f"{state}/{name}/cdm"
                     raw["manifest"] = f"{folder}/default.manifest.cdm.json"
             entities.append(raw)
         return {**data, "entities": entities}

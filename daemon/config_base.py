@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 
 def _resolve(value: Path, info: ValidationInfo) -> Path:
@@ -16,6 +16,21 @@ def _resolve(value: Path, info: ValidationInfo) -> Path:
 
 
 ResolvedPath = Annotated[Path, AfterValidator(_resolve)]
+
+
+def _location(value: object, info: ValidationInfo) -> object:
+    """An `s3://bucket/key` URL stays a string; anything else is a path resolved like ResolvedPath."""
+    if isinstance(value, str) and value.startswith("s3://"):
+        if not value.removeprefix("s3://").split("/", 1)[0]:
+            raise ValueError(f"{value!r} names no bucket")
+        return value.rstrip("/")
+    if isinstance(value, str | Path):
+        return _resolve(Path(value), info)
+    return value
+
+
+# Where an output lives: a local folder (Path) or an object-store URL (str, `s3://bucket/prefix`).
+Location = Annotated[Path | str, BeforeValidator(_location)]
 
 
 class Frozen(BaseModel):

@@ -2,9 +2,10 @@
 
 Sources append file events; the entity's streaming query reads them through a Spark Python
 data source, so how far it has read lives in Spark's checkpoint. Offsets are dense (the
-record's line number). A file is offered once per identity (path, size, mtime): the same
-file seen again by a notification and a listing is not enqueued twice, while a rewritten
-file (new size or mtime) is.
+record's line number). A file is offered once per identity (path, size, mtime, etag, removed):
+the same file seen again by a notification and a listing is not enqueued twice, while a
+rewritten file (new size, mtime or ETag) is. Object stores also report removals; they travel
+the same way (`removed`), so the manifest learns of them in commit order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ class FileEvent:
     path: str
     size: int
     mtime_ns: int
+    etag: str = ""  # objects only
+    removed: bool = False
+
+    @property
+    def identity(self) -> tuple[str, int, int, str, bool]:
+        return (self.path, self.size, self.mtime_ns, self.etag, self.removed)
 
     @classmethod
     def of(cls, path: str | Path) -> FileEvent:
@@ -40,17 +47,33 @@ class InboxRecord:
     size: int
     mtime_ns: int
     enqueued_at: str
+    etag: str = ""
+    removed: bool = False
 
-    def as_tuple(self) -> tuple[int, str, int, int, str]:
-        return (self.offset, self.path, self.size, self.mtime_ns, self.enqueued_at)
+    def as_tuple(self) -> tuple[int, str, int, int, str, str, bool]:
+        return (self.offset, self.path, self.size, self.mtime_ns, self.enqueued_at, self.etag, self.removed)
+
+    @property
+    def identity(self) -> tuple[str, int, int, str, bool]:
+        return (self.path, self.size, self.mtime_ns, self.etag, self.removed)
 
 
-SPARK_SCHEMA = "offset long, path string, size long, mtime_ns long, enqueued_at string"
+SPARK_SCHEMA = ("offset long, path string, size long, mtime_ns long, enqueued_at string, etag string, "
+                "removed boolean")
 
 
 def _parse(line: bytes) -> InboxRecord:
     d = json.loads(line)
-    return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"])
+    return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"], d.get("e", ""), d.get("r", False))
+
+
+def _line(rec: InboxRecord) -> str:
+    d: dict[str, object] = {"o": rec.offset, "p": rec.path, "s": rec.size, "m": rec.mtime_ns, "t": rec.enqueued_at}
+    if rec.etag:
+        d["e"] = rec.etag
+    if rec.removed:
+        d["r"] = True
+    return json.dumps(d)
 
 
 class Inbox:
@@ -60,7 +83,7 @@ class Inbox:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / LOG_NAME
         self._lock = threading.Lock()
-        self._seen: set[tuple[str, int, int]] = set()
+        self._seen: set[tuple[str, int, int, str, bool]] = set()
         self._count = 0
         self._repair_and_load()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -77,7 +100,7 @@ class Inbox:
                 os.fsync(f.fileno())
         for line in complete.splitlines():
             rec = _parse(line)
-            self._seen.add((rec.path, rec.size, rec.mtime_ns))
+            self._seen.add(rec.identity)
         self._count = complete.count(b"\n")
 
     def offer(self, events: Iterable[FileEvent]) -> list[InboxRecord]:
@@ -87,20 +110,21 @@ class Inbox:
             lines = []
             stamp = clock.to_cdm(clock.now())
             for ev in events:
-                ident = (ev.path, ev.size, ev.mtime_ns)
-                if ident in self._seen:
+                if ev.identity in self._seen:
                     continue
-                rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp)
-                lines.append(
-                    json.dumps({"o": rec.offset, "p": rec.path, "s": rec.size, "m": rec.mtime_ns, "t": stamp})
-                )
+                rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag, ev.removed)
+                lines.append(_line(rec))
                 added.append(rec)
-                self._seen.add(ident)
+                self._seen.add(ev.identity)
             if lines:
                 os.write(self._fd, ("\n".join(lines) + "\n").encode())
                 os.fsync(self._fd)
                 self._count += len(added)
             return added
+
+    def seen(self, event: FileEvent) -> bool:
+        with self._lock:
+            return event.identity in self._seen
 
     def __len__(self) -> int:
         return self._count

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,8 @@ def ensure_entity(cfg: EntityConfig) -> dict[str, Any]:
         return entity
 
 
-def partition_record(partition: Partition, mtime: str) -> dict[str, Any]:
-    return {
+def partition_record(partition: Partition, mtime: str, removed: bool = False) -> dict[str, Any]:
+    record = {
         "location": partition.location,
         "arguments": partition.arguments,
         "type": partition.incremental_type,
@@ -97,6 +98,9 @@ def partition_record(partition: Partition, mtime: str) -> dict[str, Any]:
         "explicit": partition.explicit,
         "mtime": mtime,
     }
+    if removed:  # its object was deleted: the declaration goes
+        record["removed"] = True
+    return record
 
 
 def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: list[dict[str, Any]],
@@ -108,6 +112,12 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
             index[normalize_location(decl.get("location", ""))] = decl
     for rec in records:
         existing = index.get(normalize_location(rec["location"]))
+        if rec.get("removed"):
+            if existing is not None:
+                for key in ("dataPartitions", "incrementalPartitions"):
+                    entity[key] = [d for d in entity.get(key) or () if d is not existing]
+                del index[normalize_location(rec["location"])]
+            continue
         if existing is not None and rec["explicit"]:
             # Explicit partitions keep their arguments and schema; only their file times move.
             existing["lastFileStatusCheckTime"] = checked
@@ -146,10 +156,12 @@ def _set_time(obj: dict[str, Any], key: str, value: str | None) -> None:
 class ManifestKeeper:
     """Applies committed partitions of one entity to its manifest."""
 
-    def __init__(self, cfg: EntityConfig, table: TableSink) -> None:
+    def __init__(self, cfg: EntityConfig, table: TableSink,
+                 publish: Callable[[list[Path]], None] = lambda paths: None) -> None:
         self.cfg = cfg
         self._table = table
         self._state_path = cfg.state / "manifest_state.json"
+        self._publish = publish  # copies written documents to where readers look (the entity's bucket)
 
     def state(self) -> tuple[int, set[str]]:
         try:
@@ -178,28 +190,35 @@ class ManifestKeeper:
             for commit in commits:
                 batch = json.loads(commit[METADATA_KEY])
                 apply(doc, entity, batch["checked"], batch["partitions"], self._schema_mtime(entity))
-                owned.update(normalize_location(p["location"]) for p in batch["partitions"] if not p["explicit"])
+                for p in batch["partitions"]:
+                    if p.get("removed"):
+                        owned.discard(normalize_location(p["location"]))
+                    elif not p["explicit"]:
+                        owned.add(normalize_location(p["location"]))
                 written += len(batch["partitions"])
+            changed = self._describe_schema(entity)  # first: the manifest points at it
             if commits:
                 cdm_manifest.save(self.cfg.manifest, doc)
+                changed.append(self.cfg.manifest)
                 failpoints.reached("manifest.written")
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
+            self._publish(changed)
             self._save_state(latest, owned)
-            self._describe_schema(entity)
             return written
 
-    def _describe_schema(self, entity: dict[str, Any]) -> None:
+    def _describe_schema(self, entity: dict[str, Any]) -> list[Path]:
         """Write the entity schema document the manifest points at, unless somebody else owns it."""
         document = schema_document(self.cfg.manifest.parent, entity)
         table_schema = self._table.schema()
         if document is None or table_schema is None or (document.exists() and not is_generated(document)):
-            return
+            return []
         wanted = entity_document(self.cfg.name, table_schema)
         if document.exists() and cdm_manifest.load(document) == wanted:
-            return
+            return []
         cdm_manifest.save(document, wanted)
         _log.info("schema_document.written", entity=self.cfg.name, document=str(document))
+        return [document]
 
     def _schema_mtime(self, entity: dict[str, Any]) -> str | None:
         doc = schema_document(self.cfg.manifest.parent, entity)

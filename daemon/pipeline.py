@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakefeed import cdc, clock, event_time, failpoints, log, messages, spool
+from lakefeed import cdc, clock, event_time, failpoints, log, messages, spool, storage
 from lakefeed.commit import BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors import cdm_manifest
@@ -28,6 +28,7 @@ from lakefeed.manifests import ManifestKeeper, ensure_entity, partition_record, 
 from lakefeed.read import BadRow, FileRead, conform, read_file
 from lakefeed.schema import from_entity_document
 from lakefeed.spool import Entry
+from lakefeed.storage import Mirror, Storage
 
 _log = log.get(__name__)
 
@@ -39,7 +40,10 @@ class EntityPipeline:
         self.cfg = cfg
         self.sinks = sinks
         self.root = cfg.manifest.parent
-        self.keeper = ManifestKeeper(cfg, sinks.table)
+        self.storage = Storage(cfg.storage)
+        # An S3 entity's manifests are worked on locally and published to its bucket folder.
+        self.mirror = Mirror(self.storage, self.root, cfg.manifest_url.rsplit("/", 1)[0]) if cfg.manifest_url else None
+        self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
         self._offsets = ChangelogOffsets(sinks.changelog)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
@@ -49,8 +53,15 @@ class EntityPipeline:
 
     def prepare(self) -> None:
         """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
-        ensure_entity(self.cfg)
+        if self.mirror is not None:
+            self.mirror.pull(self.cfg.manifest)
+        entity = ensure_entity(self.cfg)
+        document = schema_document(self.root, entity)
+        if self.mirror is not None and document is not None:
+            self.mirror.pull(document)
         self.keeper.refresh()
+        if self.mirror is not None:  # whatever a crash kept from the bucket
+            self.mirror.publish([p for p in (document, self.cfg.manifest) if p is not None])
 
     def app_id(self, stream: str = FILES) -> str:
         return self.committer(stream).app_id
@@ -184,11 +195,13 @@ class EntityPipeline:
         entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
         discovery = Discovery.from_entity(entity, self.keeper.owned())
         target = self.sinks.table.schema() or self._declared_schema(entity)
-        matched = []
+        matched, removed = [], {}
         for rec in records:
             partition = self._discover(discovery, rec, log_)
             if partition is None:
                 result.unmatched += 1
+            elif rec.removed:
+                removed[rec.offset] = partition
             else:
                 matched.append((rec, partition))
         if target is None and matched:
@@ -200,7 +213,14 @@ class EntityPipeline:
             reads = list(self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched))
         tables: list[pa.Table] = []
         bad: list[tuple[str, BadRow]] = []
-        for (rec, partition), read in zip(matched, reads, strict=True):
+        reads_of = {rec.offset: read for (rec, _), read in zip(matched, reads, strict=True)}
+        partition_of = {rec.offset: partition for rec, partition in matched}
+        for rec in records:  # in inbox order: a removal and a new version of one object stay in order
+            if rec.offset in removed:
+                stamp = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+                result.partitions.append(partition_record(removed[rec.offset], stamp, removed=True))
+                continue
+            read = reads_of.get(rec.offset)
             if read is None:
                 continue
             location, table, file_bad = read
@@ -208,7 +228,8 @@ class EntityPipeline:
             if table is not None:
                 tables.append(table)
             result.files += 1
-            result.partitions.append(partition_record(partition, clock.to_cdm(clock.from_ns(rec.mtime_ns))))
+            result.partitions.append(partition_record(partition_of[rec.offset],
+                                                      clock.to_cdm(clock.from_ns(rec.mtime_ns))))
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
         snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
                               if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
@@ -217,8 +238,14 @@ class EntityPipeline:
         self.keeper.refresh()
         return result
 
+    def _relative(self, path: str) -> str:
+        """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""
+        if self.mirror is not None:
+            return path.removeprefix(self.mirror.url)
+        return Path(os.path.relpath(path, self.root)).as_posix()
+
     def _discover(self, discovery: Discovery, rec: InboxRecord, log_) -> Partition | None:
-        relative = Path(os.path.relpath(rec.path, self.root)).as_posix()
+        relative = self._relative(rec.path)
         partition = discovery.match(relative)
         if partition is None:
             log_.warning("file.unmatched", file=rec.path, relative=relative,
@@ -232,22 +259,34 @@ class EntityPipeline:
               log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
         """(location, rows with partition columns, provenance, change kind and event time, bad rows),
         or None when the file is not there to read."""
-        path = Path(rec.path)
+        if storage.is_s3(rec.path):  # read from a local copy, made once
+            path = self.cfg.state / "staging" / f"{rec.offset}-{os.path.basename(rec.path)}"
+            found = self.storage.fetch(rec.path, path)
+            now = None if found is None else (found.size, found.mtime_ns)
+        else:
+            path = Path(rec.path)
+            try:
+                st = path.stat()
+                now = (st.st_size, st.st_mtime_ns)
+            except FileNotFoundError:
+                now = None
         try:
-            st = path.stat()
-        except FileNotFoundError:
-            log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
-            return None
-        if (st.st_size, st.st_mtime_ns) != (rec.size, rec.mtime_ns):
-            # Rewritten since it was enqueued: its new version has its own, later inbox record.
-            log_.info("file.superseded", file=rec.path)
-            return None
-        file_target = _without(target, partition.arguments)
-        try:
-            read = read_file(path, self.cfg.format, None if self.cfg.cdc.debezium else file_target)
-        except FileNotFoundError:
-            log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
-            return None
+            if now is None:
+                log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
+                return None
+            if now != (rec.size, rec.mtime_ns):
+                # Rewritten since it was enqueued: its new version has its own, later inbox record.
+                log_.info("file.superseded", file=rec.path)
+                return None
+            file_target = _without(target, partition.arguments)
+            try:
+                read = read_file(path, self.cfg.format, None if self.cfg.cdc.debezium else file_target)
+            except FileNotFoundError:
+                log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
+                return None
+        finally:
+            if path != Path(rec.path):
+                path.unlink(missing_ok=True)
         if self.cfg.cdc.debezium and read.table is not None:
             unwrapped = conform(cdc.unwrap_debezium(read.table), file_target)
             read = FileRead(unwrapped.table, [*read.bad, *unwrapped.bad])

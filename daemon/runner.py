@@ -17,12 +17,14 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from lakefeed import log
+from lakefeed import log, storage
 from lakefeed.commit import BatchResult, Sinks
-from lakefeed.config import FILES, EntityConfig
+from lakefeed.config import FILES, EntityConfig, S3Source
+from lakefeed.connectors.base import Source
 from lakefeed.connectors.inbox_stream import FORMAT as INBOX
 from lakefeed.connectors.kafka_source import FORMAT as KAFKA
 from lakefeed.connectors.local_dir import LocalDirSource
+from lakefeed.connectors.s3_landing import S3Landing
 from lakefeed.connectors.spool_stream import FORMAT as SPOOL
 from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
@@ -69,8 +71,14 @@ class EntityRunner:
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
         self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
         self.inbox: Inbox | None = None
-        self.source: LocalDirSource | None = None
-        if cfg.source is not None:
+        self.source: Source | None = None
+        if isinstance(cfg.source, S3Source):
+            self.inbox = Inbox(cfg.state / "inbox")
+            outputs = tuple(str(loc) for loc in (cfg.table, cfg.changelog, cfg.quarantine, cfg.history,
+                                                 cfg.tombstones) if storage.is_s3(loc))
+            self.source = S3Landing(cfg.name, cfg.source, self.inbox, self.pipeline.storage, cfg.state,
+                                    excluded=outputs, on_found=metrics.missed.labels(cfg.name).inc)
+        elif cfg.source is not None:
             self.inbox = Inbox(cfg.state / "inbox")
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
                                          excluded=excluded)

@@ -25,13 +25,16 @@ from pyspark.sql import SparkSession
 
 from lakefeed import config, log, spark, status_api
 from lakefeed.config import EntityConfig, LakefeedConfig
+from lakefeed.config_sources import WebhookNotifications
 from lakefeed.config_watch import ConfigWatcher
+from lakefeed.connectors.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.http_server import HttpServer
 from lakefeed.metrics import Metrics
 from lakefeed.notify import notify
 from lakefeed.push_api import PushApi
 from lakefeed.runner import EntityRunner
+from lakefeed.s3_webhook import Webhooks
 
 _log = log.get(__name__)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
@@ -55,6 +58,7 @@ class Supervisor:
         self._session: SparkSession | None = None
         self._excluded: tuple = ()
         self.api = PushApi([], cfg.http.max_body_bytes)
+        self.webhooks = Webhooks()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -78,7 +82,8 @@ class Supervisor:
         try:
             spark.warm_up(session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
-            http = HttpServer(self.cfg.http, self.cfg.state_dir, [*self.api.routes(), *status_api.routes(self)])
+            http = HttpServer(self.cfg.http, self.cfg.state_dir, [*self.api.routes(), *self.webhooks.routes(),
+                                                                    *status_api.routes(self)])
             if not self.drain:
                 self.url = http.start()
             watcher = ConfigWatcher(self.config_path, self._reload.set) if self.config_path and not self.drain \
@@ -158,6 +163,9 @@ class Supervisor:
                               self.metrics)
         self.runners[entity.name] = runner
         self.api.attach(runner.endpoints.values())
+        if isinstance(runner.source, S3Landing):
+            for hook in (n for n in runner.source.source.notifications if isinstance(n, WebhookNotifications)):
+                self.webhooks.attach(runner.source, hook, entity.storage)
         try:
             runner.start(reconcile_first=self.drain)
         except LakefeedError as exc:
@@ -168,6 +176,7 @@ class Supervisor:
 
     def _stop_entity(self, name: str) -> None:
         runner = self.runners.pop(name)
+        self.webhooks.detach(name)
         targets = [(name, s) for s in runner.endpoints]
         self.api.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
         runner.stop_intake()

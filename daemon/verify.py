@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from lakefeed.cdc import OP_APPEND, OP_CORRECT_FROM, OP_CORRECT_TO, OP_RETRACT
 from lakefeed.changelog import SYSTEM_COLUMNS
+from lakefeed.commit import delta_sink
 from lakefeed.config import EntityConfig
 from lakefeed.connectors.delta_rs import DeltaRsSink
 
@@ -24,7 +25,7 @@ def _rows(sink: DeltaRsSink) -> pa.Table | None:
 
 def verify(cfg: EntityConfig, limit: int = 20) -> list[str]:
     """Problems found (at most `limit`), empty when the changelog reproduces the table."""
-    table, changelog = _rows(DeltaRsSink(cfg.table)), _rows(DeltaRsSink(cfg.changelog))
+    table, changelog = _rows(delta_sink(cfg, cfg.table)), _rows(delta_sink(cfg, cfg.changelog))
     if changelog is None:
         return [] if table is None or table.num_rows == 0 else [f"table has {table.num_rows} rows but no changelog"]
     columns = table.column_names if table is not None else []

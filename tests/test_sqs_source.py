@@ -7,21 +7,27 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import botocore.exceptions as boto_errors
 import pytest
 
-from lakefeed.connectors.s3_events import ObjectEvent, Scope
+from lakefeed.connectors.s3_events import ObjectEvent, Scope, latest_per_key
 from lakefeed.connectors.sqs_source import SqsSource, transient
 from lakefeed.errors import TerminalError
-from lakefeed.inbox import Inbox, InboxReader
+from lakefeed.inbox import FileEvent, Inbox, InboxReader
 from tests import s3_server
 from tests.conftest import wait_for
 from tests.test_s3_events import MOTO_PUT, MOTO_TEST_EVENT
 
 VISIBILITY_S = 2
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ns(t: datetime) -> int:
+    return (t - EPOCH) // timedelta(microseconds=1) * 1000
 
 
 class Crash(Exception):
@@ -44,13 +50,20 @@ class Rig:
     removed: list[ObjectEvent] = field(default_factory=list)
     sources: list[SqsSource] = field(default_factory=list)
 
+    def deliver(self, events: list[ObjectEvent]) -> None:
+        """What the S3 landing does, minus the HEAD: creations to the inbox (identity from the event)."""
+        outcome = latest_per_key(events)
+        self.inbox.offer([FileEvent(e.uri, e.size or 0, _ns(e.event_time))
+                          for e in outcome if e.kind == "created"])
+        self.removed.extend(e for e in outcome if e.kind == "removed")
+
     def source(self, **overrides: Any) -> SqsSource:
         kwargs: dict[str, Any] = dict(
-            on_removed=self.removed.extend, region=self.server.region, endpoint_override=self.server.endpoint,
+            deliver=self.deliver, region=self.server.region, endpoint_override=self.server.endpoint,
             access_key_id="testing", secret_access_key="testing", dead_letter_url=self.dlq,
             wait_time_s=1, visibility_timeout_s=VISIBILITY_S, stop_timeout_s=10)
         kwargs.update(overrides)
-        src = SqsSource("sales", self.inbox, self.queue, Scope.of("landing", "sales"), **kwargs)
+        src = SqsSource("sales", self.queue, Scope.of("landing", "sales"), **kwargs)
         self.sources.append(src)
         src.start()
         return src
@@ -219,18 +232,18 @@ def test_stop_is_prompt_and_bad_settings_are_refused(rig):
     threading.Thread(target=lambda: (src.stop(), done.set()), daemon=True).start()
     assert done.wait(5) and time.monotonic() - t0 < 3  # at most one long poll (1 s here)
     with pytest.raises(ValueError, match="dead_letter_url or poison_file"):
-        SqsSource("e", rig.inbox, rig.queue, Scope.of("landing"), on_removed=print, region="us-east-1")
+        SqsSource("e", rig.queue, Scope.of("landing"), deliver=print, region="us-east-1")
     with pytest.raises(ValueError, match="wait_time_s must be 0..20"):
-        SqsSource("e", rig.inbox, rig.queue, Scope.of("landing"), on_removed=print, region="us-east-1",
+        SqsSource("e", rig.queue, Scope.of("landing"), deliver=print, region="us-east-1",
                   poison_file=rig.tmp / "p", wait_time_s=30)
     missing = rig.queue.rsplit("/", 1)[0] + "/nope"
     with pytest.raises(TerminalError, match="cannot be used"):
-        SqsSource("e", rig.inbox, missing, Scope.of("landing"), on_removed=print, region="us-east-1",
+        SqsSource("e", missing, Scope.of("landing"), deliver=print, region="us-east-1",
                   endpoint_override=rig.server.endpoint, poison_file=rig.tmp / "p").start()
 
 
 def test_transient_errors_are_retried_and_others_are_not(rig):
-    src = SqsSource("e", rig.inbox, rig.queue, Scope.of("landing"), on_removed=print, region="us-east-1",
+    src = SqsSource("e", rig.queue, Scope.of("landing"), deliver=print, region="us-east-1",
                     endpoint_override=rig.server.endpoint, poison_file=rig.tmp / "p", attempts=4)
     throttled = boto_errors.ClientError({"Error": {"Code": "ThrottlingException"}}, "ReceiveMessage")
     denied = boto_errors.ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
