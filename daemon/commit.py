@@ -29,6 +29,8 @@ from lakefeed.manifests import METADATA_KEY
 from lakefeed.read import BadRow
 from lakefeed.storage import Storage
 
+SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is
+
 
 @dataclass
 class Sinks:
@@ -107,6 +109,8 @@ class Committer:
         """Commit a batch; `snapshot_file` is the location of the batch's last file for snapshot entities."""
         batch_id = result.batch_id
         meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
+        if snapshot_file is not None:
+            meta[SNAPSHOT_KEY] = snapshot_file
         if self.cfg.cdc.keyed and data is not None:
             data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
             bad = [*bad, *bad_kinds]

@@ -96,6 +96,9 @@ class CdcConfig(Frozen):
     delete_column: str = Field(default="IsDelete", description="upsert_and_delete: the delete marker column.")
     delete_values: tuple[str, ...] = ("true", "True", "TRUE", "1")
     update_of_absent: Literal["insert", "ignore", "quarantine"] = "insert"
+    on_snapshot_removed: Literal["keep", "retract"] = Field(
+        default="keep", description="snapshot: when the object the current state came from is deleted, keep "
+                                    "the state, or retract every row (as an empty snapshot would).")
     op_column: str = Field(default="op", description="changelog: the column holding each row's operation.")
     history: bool = Field(default=False, description="Keep an SCD type 2 history table (valid_from, valid_to, "
                                                      "is_current) in step with the current table.")

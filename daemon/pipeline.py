@@ -17,9 +17,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakefeed import cdc, clock, event_time, failpoints, log, messages, spool, storage
-from lakefeed.commit import BatchResult, ChangelogOffsets, Committer, Sinks
+from lakefeed.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors import cdm_manifest
 from lakefeed.discovery import Discovery, Partition
@@ -231,12 +232,34 @@ class EntityPipeline:
             result.partitions.append(partition_record(partition_of[rec.offset],
                                                       clock.to_cdm(clock.from_ns(rec.mtime_ns))))
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        snapshot_file = next((p.location for (_, p), r in zip(reversed(matched), reversed(reads), strict=True)
-                              if r is not None), None) if self.cfg.cdc.strategy == "snapshot" else None
+        snapshot_file = None
+        if self.cfg.cdc.strategy == "snapshot":
+            snapshot_file, retracted = self._snapshot_file(records, removed, reads_of, log_)
+            if retracted and data is not None:  # its rows, read before it went, are not the state either
+                data = data.filter(pc.not_equal(data.column("source_file"), retracted))
         failpoints.reached("batch.discovered")
         committer.commit(data, bad, result, checked_at, log_, snapshot_file)
         self.keeper.refresh()
         return result
+
+    def _snapshot_file(self, records: list[InboxRecord], removed: dict[int, Partition],
+                       reads_of: dict[int, tuple | None], log_) -> tuple[str | None, str | None]:
+        """The location the state is after this batch (its last snapshot read, or the current one if its
+        object was removed and the policy retracts it), and that retracted location if so."""
+        current = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
+        chosen = retracted = None
+        for rec in records:
+            if rec.offset in removed:
+                location = removed[rec.offset].location
+                if location == current and self.cfg.cdc.on_snapshot_removed == "retract":
+                    chosen = retracted = location
+                    log_.warning("snapshot.retracted", location=location,
+                                 reason="the object of the current snapshot was deleted (on_snapshot_removed: "
+                                        "retract)")
+            elif (read := reads_of.get(rec.offset)) is not None:
+                chosen = current = read[0]
+                retracted = None if retracted == current else retracted
+        return chosen, retracted
 
     def _relative(self, path: str) -> str:
         """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""

@@ -184,3 +184,37 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
     assert doc["lastChildFileModifiedTime"] >= child
     assert sales["dataPartitionPatterns"][0]["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]
     assert doc["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]
+
+
+def _removal(inbox, path):
+    return inbox.offer([FileEvent(str(path), 0, 1_795_000_000_000_000_000, "v1", removed=True)])
+
+
+def _partitions(cfg) -> set[str]:
+    (entity,) = cdm_manifest.load(cfg.manifest)["entities"]
+    return {p["location"] for p in entity.get("dataPartitions", [])}
+
+
+@pytest.mark.parametrize("policy", ["keep", "retract"])
+def test_a_removed_object_leaves_the_manifest_and_a_snapshot_follows_the_policy(tmp_path, policy):
+    entity = entity_yaml(cdc={"strategy": "snapshot", "primary_key": ["id"], "on_snapshot_removed": policy})
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    root = cfg.source.path
+    old = land(root / "sales/s1.csv", "id,v\n1,a\n2,b\n")
+    pipeline.process(_batch(inbox, old), 0)
+    new = land(root / "sales/s2.csv", "id,v\n2,b\n3,c\n")
+    pipeline.process(_batch(inbox, new), 1)
+    assert _partitions(cfg) == {"sales/s1.csv", "sales/s2.csv"}
+    old.unlink()
+    pipeline.process(_removal(inbox, old), 2)  # an older snapshot's object: the state stays either way
+    assert _partitions(cfg) == {"sales/s2.csv"}
+    assert sorted(rows(cfg.table).to_pydict()["id"]) == [2, 3]
+    new.unlink()
+    pipeline.process(_removal(inbox, new), 3)  # the current one's
+    assert _partitions(cfg) == set()
+    assert sorted(rows(cfg.table).to_pydict()["id"]) == ([2, 3] if policy == "keep" else [])
+    ops = rows(cfg.changelog).filter(pa.compute.equal(rows(cfg.changelog).column("batch_id"), 3)).to_pydict()
+    assert sorted(ops["op"]) == ([] if policy == "keep" else [1, 1])  # retractions, ODF op 1
+    again = land(root / "sales/s3.csv", "id,v\n9,z\n")
+    pipeline.process(_batch(inbox, again), 4)
+    assert sorted(rows(cfg.table).to_pydict()["id"]) == [9]

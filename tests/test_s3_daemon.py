@@ -51,9 +51,13 @@ def _entity(notifications: list[dict[str, Any]], **source: Any) -> dict[str, Any
             "format": {"kind": "csv", "header": True}}
 
 
+SECRET = "s3cr3t-from-the-config"  # moto takes any key; the daemon must never log it
+
+
 def _config(tmp: Path, server: s3_server.MotoServer, entity: dict[str, Any]) -> Path:
     return write_config(tmp, [entity], lake_dir="s3://lake/tables",
-                        storage={"endpoint_override": server.endpoint, "region": server.region})
+                        storage={"endpoint_override": server.endpoint, "region": server.region,
+                                 "access_key_id": "AKIDCONFIG", "secret_access_key": SECRET})
 
 
 def _delta_options(server: s3_server.MotoServer) -> dict[str, str]:
@@ -146,6 +150,8 @@ def test_sqs_notifications_land_each_object_once_and_the_bucket_manifest_follows
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(60) == 0
     assert daemon.events("file.enqueued") == 4  # the duplicate multipart event was recognised
+    log = daemon.log.read_text()
+    assert SECRET not in log and '"access_key_id": "AKID\\u2026"' in log  # masked, and the key id shortened
 
 
 def _metric(url: str, name: str) -> float:
