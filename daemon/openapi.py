@@ -35,7 +35,8 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "lakefeed", "version": "1", "description":
-                 "Push records into a lakefeed entity; health of the daemon. See docs/push-api.md."},
+                 "Push records into a lakefeed entity, S3 event notifications, health of the daemon. "
+                 "See docs/push-api.md and docs/s3.md."},
         "paths": {
             "/v1/entities/{entity}/sources/{source}/records": {"post": {
                 "summary": "Push records to an entity's push source",
@@ -66,6 +67,26 @@ def document() -> dict[str, Any]:
                     "429": _error("Rate limit of the source exceeded", retry_after=True),
                     "503": _error("Spool full (ingestion behind) or daemon stopping", retry_after=True),
                 }}},
+            "/v1/entities/{entity}/notifications": {"post": {
+                "summary": "S3 event notifications for an entity whose source is a bucket (SNS, MinIO webhook)",
+                "description": "Bodies: an AWS `Records` document, MinIO's `{EventName, Key, Records}`, an SNS "
+                               "Notification or SubscriptionConfirmation envelope. 200 is sent only after the "
+                               "events are durably in the entity's inbox; rejected records are set aside with "
+                               "their reason (state folder, poison.jsonl) and still answered 200. See docs/s3.md.",
+                "security": [{"bearer": []}, {"basic": []}, {"token": []}],
+                "parameters": [
+                    {"name": "entity", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "requestBody": {"required": True, "content": {
+                    "text/plain": {"schema": {"type": "string"}}, "application/json": {"schema": {
+                        "type": "object"}}}},
+                "responses": {
+                    "200": {"description": "Stored (or confirmed)", "content": {"application/json": {"schema": {
+                        "$ref": "#/components/schemas/Notified"}}}},
+                    "401": _error("No or invalid token"),
+                    "403": _error("A subscription confirmation for a topic not in notifications.topic_arns"),
+                    "404": _error("The entity takes no webhook notifications"),
+                    "503": _error("Not stored (object store or inbox failed): send again", retry_after=True),
+                }}},
             "/healthz": {"get": {"summary": "The process is alive", "responses": {
                 "200": {"description": "alive"}}}},
             "/readyz": {"get": {"summary": "Every stream is running", "responses": {
@@ -73,7 +94,9 @@ def document() -> dict[str, Any]:
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "basic": {"type": "http", "scheme": "basic", "description": "the token as password"},
+                                "token": {"type": "apiKey", "in": "query", "name": "token"}},
             "schemas": {
                 "Error": _ERROR,
                 "Accepted": {"type": "object", "required": ["entity", "source", "batch", "records"], "properties": {
@@ -81,6 +104,10 @@ def document() -> dict[str, Any]:
                     "batch": {"type": "integer", "description": "the spool offset assigned to the request"},
                     "records": {"type": "integer"}, "received_at": {"type": "string", "format": "date-time"},
                     "duplicate": {"type": "boolean", "description": "an Idempotency-Key seen before"}}},
+                "Notified": {"type": "object", "properties": {
+                    "events": {"type": "integer"}, "enqueued": {"type": "integer", "description": "new to the inbox"},
+                    "rejected": {"type": "integer"}, "ignored": {"type": "integer"},
+                    "confirmed": {"type": "string", "description": "the SNS topic whose subscription was confirmed"}}},
             },
         },
     }
