@@ -46,7 +46,6 @@ class S3Landing(Source):
         self._storage = storage
         self._excluded = tuple(e.rstrip("/") + "/" for e in excluded)
         self._on_found = on_found
-        self._lock = threading.Lock()  # one delivery or listing at a time: HEAD then offer stays in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"source-{entity}-listing", daemon=True)
         self.transports: list[Source] = [self._transport(n) for n in source.notifications
@@ -75,35 +74,36 @@ class S3Landing(Source):
     def deliver(self, events: list[ObjectEvent]) -> int:
         """Make the outcome of these events durable in the inbox; return how many records were new."""
         wanted: list[FileEvent] = []
-        with self._lock:
-            for ev in latest_per_key(events):
-                if not self.wanted(ev.key):
-                    _log.info("object.ignored", entity=self.entity, file=ev.uri, reason="not a data file")
-                elif ev.kind == "removed":
-                    wanted.append(FileEvent(ev.uri, 0, whole_seconds_ns(ev.event_time),
-                                            ev.version_id or ev.sequencer or "", removed=True))
-                elif (now := self._storage.head(ev.uri)) is None:
-                    _log.info("object.gone", entity=self.entity, file=ev.uri, reason="removed before it was "
-                              "looked at; its removal event follows")
-                else:
-                    wanted.append(now)
-            return self._offer(wanted)
+        for ev in latest_per_key(events):
+            if not self.wanted(ev.key):
+                _log.info("object.ignored", entity=self.entity, file=ev.uri, reason="not a data file")
+            elif ev.kind == "removed":
+                wanted.append(FileEvent(ev.uri, 0, whole_seconds_ns(ev.event_time),
+                                        ev.version_id or ev.sequencer or "", removed=True))
+            elif (now := self._storage.head(ev.uri)) is None:
+                _log.info("object.gone", entity=self.entity, file=ev.uri, reason="removed before it was "
+                          "looked at; its removal event follows")
+            else:
+                wanted.append(now)
+        return self._offer(wanted)
 
     def _offer(self, events: list[FileEvent]) -> int:
-        added = self._inbox.offer(events) if events else []
+        added = self._inbox.offer(events) if events else []  # the inbox skips identities it has
         for rec in added:
             _log.info("object.removed" if rec.removed else "file.enqueued", entity=self.entity, file=rec.path,
                       offset=rec.offset, size=rec.size)
         return len(added)
 
     def reconcile(self, narrowed: bool = False) -> int:
-        """List the prefix (only its recent part if `narrowed` and the layout is dated); enqueue the unseen."""
+        """List the prefix (only its recent part if `narrowed` and the layout is dated); enqueue the unseen.
+
+        The listing runs while notifications keep arriving: an object both report is one identity, and
+        an older identity listed after a rewrite was notified is skipped when read (superseded)."""
         start_after = self.start_after() if narrowed else ""
-        with self._lock:
-            listed = [e for e in self._storage.list(self.source.bucket, self.source.prefix, start_after)
-                      if self.wanted(e.path.removeprefix(f"s3://{self.source.bucket}/"))]
-            unseen = sorted((e for e in listed if not self._inbox.seen(e)), key=lambda e: (e.mtime_ns, e.path))
-            found = self._offer(unseen)
+        bucket = f"s3://{self.source.bucket}/"
+        listed = [e for e in self._storage.list(self.source.bucket, self.source.prefix, start_after)
+                  if self.wanted(e.path.removeprefix(bucket))]
+        found = self._offer(sorted(listed, key=lambda e: (e.mtime_ns, e.path)))
         _log.info("source.listed", entity=self.entity, prefix=self.source.root, start_after=start_after or None,
                   objects=len(listed), found=found)
         return found

@@ -122,10 +122,6 @@ class Inbox:
                 self._count += len(added)
             return added
 
-    def seen(self, event: FileEvent) -> bool:
-        with self._lock:
-            return event.identity in self._seen
-
     def __len__(self) -> int:
         return self._count
 
