@@ -26,6 +26,7 @@ from lakefeed.event_time import EVENT_TIME
 from lakefeed.read import BadRow
 
 KIND, ORDER = "__kind", "__order"
+ROWS_PER_SOURCE = 1_000_000_000  # ORDER = source offset * this + row number
 OP_APPEND, OP_RETRACT, OP_CORRECT_FROM, OP_CORRECT_TO = 0, 1, 2, 3
 _OPS = {"insert": OP_APPEND, "delete": OP_RETRACT, "update_preimage": OP_CORRECT_FROM,
         "update_postimage": OP_CORRECT_TO}
@@ -53,9 +54,13 @@ def file_kind(cfg: CdcConfig, incremental_type: str | None) -> str:
 
 
 def tag(table: pa.Table, kind: str, offset: int) -> pa.Table:
-    order = pa.array(np.arange(table.num_rows, dtype=np.int64) + offset * 1_000_000_000)
-    kinds = pa.array(np.full(table.num_rows, kind, dtype=object), pa.string())
-    return table.append_column(KIND, kinds).append_column(ORDER, order)
+    """Rows of one source (file, frame, batch) at `offset`: ordered by that offset, then by row."""
+    return tag_rows(table, kind, np.arange(table.num_rows, dtype=np.int64) + offset * ROWS_PER_SOURCE)
+
+
+def tag_rows(table: pa.Table, kind: str, order: np.ndarray) -> pa.Table:
+    kinds = pa.repeat(pa.scalar(kind, pa.string()), table.num_rows)
+    return table.append_column(KIND, kinds).append_column(ORDER, pa.array(order, pa.int64()))
 
 
 def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:

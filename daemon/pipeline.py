@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefeed import cdc, clock, event_time, failpoints, log, messages, spool, storage
+from lakefeed import cdc, clock, event_time, failpoints, frames, log, messages, storage
 from lakefeed.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.config import FILES, EntityConfig
 from lakefeed.connectors import cdm_manifest
@@ -83,12 +83,26 @@ class EntityPipeline:
     def schema(self) -> pa.Schema | None:
         """The schema pushed records are checked against: the table's, else the one the manifest declares."""
         if self._schema is None:
-            schema = self.sinks.table.schema()
-            if schema is None:
-                doc = cdm_manifest.load(self.cfg.manifest)
-                schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
-            self._schema = _without(schema, {})
+            self._schema = self._read_schema()
         return self._schema
+
+    def _read_schema(self) -> pa.Schema | None:
+        schema = self.sinks.table.schema()
+        if schema is None:
+            doc = cdm_manifest.load(self.cfg.manifest)
+            schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
+        return _without(schema, {})
+
+    def _table_changed(self) -> None:
+        """A commit may have created or evolved the table. With push sources its schema is read again here, in
+        the batch's thread, so that requests (checked against it on the HTTP loop) never wait on the table."""
+        if not self.cfg.push:
+            self._schema = None
+            return
+        try:
+            self._schema = self._read_schema()
+        except Exception:  # the next request reads it again, and answers with the problem
+            self._schema = None
 
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         """A micro-batch of the file source."""
@@ -96,7 +110,7 @@ class EntityPipeline:
             try:
                 return self._process_files(records, batch_id)
             finally:
-                self._schema = None  # a commit may have created or evolved the table
+                self._table_changed()
 
     def process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
         """A micro-batch of a push source: spool frames, validated when they were acknowledged."""
@@ -104,7 +118,7 @@ class EntityPipeline:
             try:
                 return self._process_frames(stream, entries, batch_id)
             finally:
-                self._schema = None
+                self._table_changed()
 
     def _process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
@@ -117,25 +131,9 @@ class EntityPipeline:
             result.skipped = True
             return result
         checked_at = clock.now()
-        folder = self.cfg.spool(stream)
         target = _without(self.sinks.table.schema(), {})
-        tables, bad = [], []
-        for entry in entries:
-            location = f"push/{stream}/{entry.offset}"
-            # Checked against the schema when acknowledged; a table created meanwhile may still differ.
-            read = conform(spool.read_entry(folder, entry), target, first_line=1)
-            bad.extend((location, b) for b in read.bad)
-            table = read.table
-            assert table is not None
-            target = target or table.schema
-            table = table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))
-            if self.cfg.cdc.keyed:
-                table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, None), entry.offset)
-            stamp_at = clock.from_cdm(entry.event_time) if entry.event_time else checked_at
-            table, _ = event_time.stamp(table, self.cfg.event_time, location, 0, stamp_at)
-            tables.append(table)
-            result.files += 1
-        data = pa.concat_tables(tables, promote_options="permissive")
+        data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
+        result.files += len(entries)
         snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
         committer.commit(data, bad, result, checked_at, log_, snapshot)
         self.keeper.refresh()
@@ -147,7 +145,7 @@ class EntityPipeline:
             try:
                 return self._process_messages(stream, batch, batch_id)
             finally:
-                self._schema = None
+                self._table_changed()
 
     def _process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)

@@ -14,13 +14,13 @@ header (JSON: offset, rows, received time, idempotency key, event time), the bod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
 import threading
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,26 +325,30 @@ class SpoolReader:
 
 
 class GroupCommit:
-    """A thread that appends whatever requests are waiting in one write + fsync."""
+    """A thread that appends whatever requests are waiting in one write + fsync.
+
+    Requests come from an asyncio loop (the HTTP server's); a group's answers go back to it in
+    one `call_soon_threadsafe`, so a thousand small requests a second cost the loop one wake-up
+    per fsync, not one per request."""
 
     def __init__(self, spool: Spool, max_bytes: int) -> None:
         self.spool = spool
         self._max_bytes = max_bytes
         self._cond = threading.Condition()
-        self._queue: list[tuple[Pending, Future[Entry]]] = []
+        self._queue: list[tuple[Pending, asyncio.Future[Entry]]] = []
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=f"spool-{spool.folder.parent.name}", daemon=True)
         self._thread.start()
 
-    def submit(self, item: Pending) -> Future[Entry]:
-        """The future resolves to the frame's entry once it is durable."""
-        future: Future[Entry] = Future()
+    async def store(self, item: Pending) -> Entry:
+        """The frame's entry, once it is durable."""
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         with self._cond:
             if self._stopped:
                 raise RuntimeError("the spool is closed")
             self._queue.append((item, future))
             self._cond.notify()
-        return future
+        return await future
 
     def _run(self) -> None:
         while True:
@@ -354,15 +358,22 @@ class GroupCommit:
                 if not self._queue:
                     return
                 batch, self._queue = self._queue, []
+            outcome: list[Entry] | Exception
             try:
-                entries = self.spool.append([item for item, _ in batch])
+                outcome = self.spool.append([item for item, _ in batch])
             except Exception as exc:  # the requests get a 500; the thread stays to serve the next ones
                 _log.error("spool.write_failed", folder=str(self.spool.folder), error=str(exc))
-                for _, future in batch:
-                    future.set_exception(exc)
-                continue
-            for (_, future), entry in zip(batch, entries, strict=True):
-                future.set_result(entry)
+                outcome = exc
+            by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
+            for i, (_, future) in enumerate(batch):
+                by_loop.setdefault(future.get_loop(), []).append(i)
+            for loop, indexes in by_loop.items():
+                futures = [batch[i][1] for i in indexes]
+                results = outcome if isinstance(outcome, Exception) else [outcome[i] for i in indexes]
+                try:
+                    loop.call_soon_threadsafe(_settle, futures, results)
+                except RuntimeError:
+                    pass  # that loop is closed: nobody waits for these answers any more
 
     def full(self) -> bool:
         return self.spool.bytes() >= self._max_bytes
@@ -373,3 +384,13 @@ class GroupCommit:
             self._cond.notify()
         self._thread.join()
         self.spool.close()
+
+
+def _settle(futures: list[asyncio.Future[Entry]], results: list[Entry] | Exception) -> None:
+    for i, future in enumerate(futures):
+        if future.done():
+            continue  # the request was cancelled (client gone); its frame is durable all the same
+        if isinstance(results, Exception):
+            future.set_exception(results)
+        else:
+            future.set_result(results[i])
