@@ -55,7 +55,7 @@ class DeltaRsSink(TableSink):
 
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         write_deltalake(
-            self.uri,
+            self._target(),
             data,
             mode="append",
             schema_mode="merge",
@@ -68,8 +68,14 @@ class DeltaRsSink(TableSink):
 
     def record(self, data: pa.Table, metadata: dict[str, str]) -> None:
         """A commit that belongs to no batch (e.g. an operator moving the watermark)."""
-        write_deltalake(self.uri, data, mode="append", storage_options=self._options,
+        write_deltalake(self._target(), data, mode="append", storage_options=self._options,
                         commit_properties=CommitProperties(custom_metadata=metadata))
+
+    def _target(self) -> DeltaTable | str:
+        """The loaded table (brought up to date), else the URI that creates it. Given the URI of an existing
+        table, write_deltalake loads it afresh, replaying the log since the last checkpoint: each append of a
+        batch got slower until the next checkpoint (on S3, 73 ms at version 1-10, 613 ms at 91-100)."""
+        return self._load() or self.uri
 
     def schema(self) -> pa.Schema | None:
         table = self._load()
