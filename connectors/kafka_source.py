@@ -1,15 +1,14 @@
 """Kafka topics as a Spark streaming source: a PySpark Python data source that reads with kafka-python.
 
-Spark's own Kafka source needs jars from Maven; this one needs only kafka-python.
-
+- Spark's own Kafka source needs jars from Maven; this one needs only kafka-python.
 - Offsets are `{"topic": {"partition": next_offset_to_read}}` and live only in the query's checkpoint. Spark
   logs a batch's end offsets before running it and marks it done after the sink has it, so a restarted query
   re-reads or skips exactly the right records. A consumer group cannot do that: its commit is neither atomic
   with the sink nor tied to a batch, so resuming from it would lose or repeat records after a crash.
 - `group_id`, when set, only mirrors processed offsets into that consumer group in `commit()` so the usual lag
   tools see how far behind the query is. It is best effort and never read back.
-- One InputPartition per topic-partition with new records: executors `assign()` + `seek()` (no group membership,
-  no rebalances), read exactly [start, end) and yield Arrow record batches.
+- One InputPartition per topic-partition with new records, large ranges split so that every core reads (option
+  `minPartitions`): executors `assign()` + `seek()` (no rebalances), read exactly [start, end), yield Arrow batches.
 - End offsets are high watermarks from fetch responses. ListOffsets alone can under-report (tansu answers with
   the last record batch's base offset + 1), and ListOffsets is only used to find a valid offset to fetch from.
 - New partitions, and new topics matching `pattern`, enter the offsets at their earliest offset in one batch and
@@ -54,7 +53,8 @@ ARROW_SCHEMA = pa.schema([
     ("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
 ])
 EARLIEST, LATEST = -2, -1
-_BATCH_ROWS = 20_000
+_BATCH_ROWS = 20_000  # per poll, and no more than the range still holds: every record polled is parsed
+_MIN_SPLIT = 50_000  # offsets: a read task costs a consumer of its own (a connection, metadata, a seek)
 
 _log = log.get(__name__)
 T = TypeVar("T")
@@ -76,16 +76,14 @@ class _Options:
     poll_timeout_s: float
     retry_timeout_s: float
     status_path: str | None = None
+    min_partitions: int = 2
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
         def positive(name: str) -> int | None:
-            raw = options.get(name)
-            if raw is None:
-                return None
-            if not str(raw).isdigit() or int(raw) <= 0:
+            if (raw := options.get(name)) is not None and (not str(raw).isdigit() or int(raw) <= 0):
                 raise ValueError(f"{FORMAT} option {name} must be a positive integer, got {raw!r}")
-            return int(raw)
+            return int(raw) if raw is not None else None
 
         servers = options.get("bootstrap_servers", "")
         if not servers:
@@ -101,7 +99,7 @@ class _Options:
         return cls(servers, topics, compiled, _parse_starting(options.get("startingOffsets", "latest")),
                    positive("maxOffsetsPerTrigger"), options.get("group_id") or None,
                    (positive("pollTimeoutMs") or 120_000) / 1000, (positive("retryTimeoutMs") or 300_000) / 1000,
-                   options.get("statusPath") or None)
+                   options.get("statusPath") or None, positive("minPartitions") or 2 * (os.cpu_count() or 1))
 
     def subscribed(self, topic: str) -> bool:
         return bool(self.pattern.fullmatch(topic)) if self.pattern else topic in self.topics
@@ -156,11 +154,19 @@ class _TopicRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+def _split(ranges: Mapping[Tp, tuple[int, int]], tasks: int, least: int = _MIN_SPLIT) -> list[_TopicRange]:
+    """Read tasks for the offset ranges: each range gets its share of `tasks` by size (as minPartitions does in
+    Spark's own Kafka source), in pieces of at least `least` offsets that tile the range exactly."""
+    total = sum(e - s for s, e in ranges.values())
+    pieces = {tp: max(1, min(round((e - s) * tasks / total), (e - s) // least)) for tp, (s, e) in ranges.items()}
+    return [_TopicRange(t, p, s + (e - s) * i // n, s + (e - s) * (i + 1) // n)
+            for (t, p), (s, e) in sorted(ranges.items()) for n in (pieces[(t, p)],) for i in range(n)]
+
+
 class KafkaDataSource(DataSource):
     """Options: bootstrap_servers; topics (comma-separated) or pattern (regex, full match over topic names);
-    startingOffsets (earliest | latest | JSON, default latest; only for a new checkpoint);
-    maxOffsetsPerTrigger; group_id (lag monitoring only); pollTimeoutMs (default 120000);
-    retryTimeoutMs (default 300000)."""
+    startingOffsets (earliest | latest | JSON, default latest; only for a new checkpoint); maxOffsetsPerTrigger;
+    minPartitions (default 2 x cores); group_id (lag monitoring); pollTimeoutMs (120000), retryTimeoutMs (300000)."""
 
     @classmethod
     def name(cls) -> str:
@@ -180,8 +186,7 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._start: dict[Tp, int] | None = None
         self._latest: dict[Tp, int] = {}
         self._target: dict[Tp, int] | None = None  # Trigger.AvailableNow: what existed when it started
-        self._retries = 0
-        self._unavailable = False
+        self._retries, self._unavailable = 0, False
 
     # -- driver side ----------------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -210,9 +215,8 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = _from_json(start)
-        return [_TopicRange(topic, p, begin[(topic, p)], offset)
-                for (topic, p), offset in sorted(_from_json(end).items())
-                if (topic, p) in begin and begin[(topic, p)] < offset]
+        return _split({tp: (begin[tp], o) for tp, o in _from_json(end).items() if tp in begin and begin[tp] < o},
+                      self._opts.min_partitions)
 
     def commit(self, end: dict) -> None:
         if not self._opts.group_id:
@@ -228,8 +232,7 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._close()
 
     def _initial(self, consumer: KafkaConsumer) -> dict[Tp, int]:
-        present = self._discover(consumer)
-        spec = self._opts.starting
+        present, spec = self._discover(consumer), self._opts.starting
         if spec == "earliest":
             return self._beginnings(consumer, present)
         if spec == "latest":
@@ -338,10 +341,9 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._unavailable = unavailable
         if self._opts.status_path is None:
             return
-        doc = {"unavailable": unavailable, "retries": self._retries, "error": error}
         tmp = f"{self._opts.status_path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
+            json.dump({"unavailable": unavailable, "retries": self._retries, "error": error}, f)
         os.replace(tmp, self._opts.status_path)
 
     # -- executor side --------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             position, deadline = r.start, time.monotonic() + self._opts.poll_timeout_s
             while position < r.end:
                 try:
-                    polled = consumer.poll(timeout_ms=500, max_records=_BATCH_ROWS)
+                    polled = consumer.poll(timeout_ms=500, max_records=min(_BATCH_ROWS, r.end - position))
                 except OffsetOutOfRangeError as e:
                     raise KafkaOffsetError(f"Kafka topic-partition {r.topic}-{r.partition} no longer holds offsets "
                                            f"[{r.start}, {r.end}) (deleted by retention, or the topic was "

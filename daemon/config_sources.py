@@ -145,7 +145,8 @@ class KafkaSource(Frozen):
                                                           "new matching topics are picked up.")
     starting_offsets: str = Field(default="earliest", description="earliest, latest, or JSON "
                                   '{"topic": {"0": offset}} (-2 earliest, -1 latest) for a new checkpoint.')
-    max_offsets_per_trigger: int = Field(default=100_000, gt=0)
+    max_offsets_per_trigger: int = Field(default=500_000, gt=0, description="Messages per micro-batch at most, "
+                                         "shared across partitions; a batch is held in the driver's memory whole.")
     group_id: str | None = Field(default=None, description="Processed offsets are mirrored to this consumer "
                                                            "group for lag monitoring only.")
     retry_timeout_s: float = Field(default=300.0, gt=0, description="How long an unreachable broker is "

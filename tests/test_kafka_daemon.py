@@ -106,7 +106,7 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
     try:
         daemon.start(env={"LAKEFEED_FAILPOINT": "manifest.written"})  # killed once its first batch committed
         broker.produce("orders", [{"id": i, "v": "x"} for i in range(600)])
-        _send_raw(broker.bootstrap, "orders", [b"not json", b"[1, 2]"])
+        _send_raw(broker.bootstrap, "orders", [b"not json", b"[1, 2]", b"null", b"   "])  # JSON null: not a row
         broker.produce("customers", [
             _debezium("c", None, {"id": 1, "name": "ada"}, 1000), _debezium("c", None, {"id": 2, "name": "bob"}, 1001),
             _debezium("u", {"id": 1, "name": "ada"}, {"id": 1, "name": "ada l."}, 1002),
@@ -146,8 +146,9 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
     assert len(by_offset) == 1000
     quarantine = _table(tmp_path / "lake" / "orders" / "quarantine")
     assert sorted((q["source_file"], q["raw"]) for q in quarantine) == [
-        ("kafka/orders/0", "[1, 2]"), ("kafka/orders/0", "not json")]
-    assert all(q["line"] >= 200 for q in quarantine)  # the offsets of the two bad messages in partition 0
+        ("kafka/orders/0", "   "), ("kafka/orders/0", "[1, 2]"), ("kafka/orders/0", "not json"),
+        ("kafka/orders/0", "null")]
+    assert all(q["line"] >= 200 for q in quarantine)  # the offsets of the bad messages in partition 0
     cfg = config_module.load(config)
     assert verify(cfg.entity("orders")) == [] and verify(cfg.entity("customers")) == []
 

@@ -10,10 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from lakefeed.connectors.kafka_source import ARROW_SCHEMA, FORMAT, KafkaDataSource, _admit, _Options
+from lakefeed.connectors.kafka_source import (
+    _MIN_SPLIT,
+    ARROW_SCHEMA,
+    FORMAT,
+    KafkaDataSource,
+    _admit,
+    _Options,
+    _split,
+)
 from lakefeed.errors import TransientError
 from tests import kafka_broker as broker_fixtures
 from tests.conftest import wait_for
@@ -247,6 +257,66 @@ def test_admission_shares_the_cap_in_proportion_and_exactly():
     assert _admit(start, end, 1)[("t", 0)] == 1
 
 
+def test_a_large_range_of_one_partition_is_read_by_several_tasks_every_offset_once(kspark, kafka_broker, tmp_path):
+    topic = kafka_broker.create_topic(topic_name(), 1)
+    n = 2 * _MIN_SPLIT + 123  # two pieces: smaller ones are not worth a consumer each
+    kafka_broker.produce(topic, [{"n": i} for i in range(n)], partition=0)
+    batches: list[tuple[int, list[int]]] = []
+
+    def collect(frame, _) -> None:
+        tasks = frame.rdd.getNumPartitions()
+        table = frame.select("offset", "value").toArrow()
+        assert [json.loads(v)["n"] for v in table.column("value").to_pylist()] == table.column("offset").to_pylist()
+        batches.append((tasks, table.column("offset").to_pylist()))
+
+    query = (kspark.readStream.format(FORMAT).option("bootstrap_servers", kafka_broker.bootstrap)
+             .option("topics", topic).option("startingOffsets", "earliest").option("minPartitions", "4").load()
+             .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert [tasks for tasks, _ in batches] == [2]
+    assert batches[0][1] == list(range(n))  # each offset once, in order
+
+
+def test_pieces_of_a_range_read_exactly_their_offsets_also_from_inside_a_record_batch(kafka_broker):
+    topic = kafka_broker.create_topic(topic_name(), 1)
+    kafka_broker.produce(topic, [{"n": i} for i in range(150)], partition=0)  # a few record batches
+    kafka_broker.produce(topic, [{"n": i} for i in range(150, 300)], partition=0)
+    reader = KafkaDataSource({"bootstrap_servers": kafka_broker.bootstrap, "topics": topic}).streamReader(None)  # type: ignore[arg-type]
+    pieces = _split({(topic, 0): (5, 297)}, 7, least=1)
+    assert len(pieces) == 7
+    got = []
+    for piece in pieces:
+        offsets = [o for batch in reader.read(piece) for o in batch.column("offset").to_pylist()]
+        assert offsets == list(range(piece.start, piece.end))
+        got += offsets
+    assert got == list(range(5, 297))
+
+
+@given(sizes=st.lists(st.integers(1, 400), min_size=1, max_size=6), starts=st.lists(st.integers(0, 10**6), min_size=6,
+                                                                                      max_size=6),
+       tasks=st.integers(1, 16), least=st.integers(1, 100))
+@settings(max_examples=300, deadline=None)
+def test_split_tiles_every_range_exactly_in_pieces_no_smaller_than_least(sizes, starts, tasks, least):
+    ranges = {("t", p): (starts[p], starts[p] + size) for p, size in enumerate(sizes)}
+    pieces = _split(ranges, tasks, least)
+    for tp, (start, end) in ranges.items():
+        mine = [(r.start, r.end) for r in pieces if (r.topic, r.partition) == tp]
+        assert mine[0][0] == start and mine[-1][1] == end
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(mine, mine[1:], strict=False))
+        assert len(mine) == 1 or all(e - s >= least for s, e in mine)
+
+
+def test_split_keeps_one_task_per_partition_when_there_are_enough():
+    four = {("t", p): (0, 125_000) for p in range(4)}
+    assert [(r.partition, r.start, r.end) for r in _split(four, 4)] == [(p, 0, 125_000) for p in range(4)]
+    one = _split({("t", 0): (0, 500_000)}, 4)
+    assert [(r.start, r.end) for r in one] == [(0, 125_000), (125_000, 250_000), (250_000, 375_000),
+                                               (375_000, 500_000)]
+    assert len(_split({("t", 0): (0, _MIN_SPLIT + 1)}, 4)) == 1  # too small to be worth a second consumer
+
+
 @pytest.mark.parametrize(("options", "fix"), [
     ({"topics": "t"}, "needs option bootstrap_servers"),
     ({"bootstrap_servers": "b:9092"}, "exactly one of the options topics"),
@@ -254,6 +324,7 @@ def test_admission_shares_the_cap_in_proportion_and_exactly():
     ({"bootstrap_servers": "b:9092", "pattern": "("}, "not a valid regular expression"),
     ({"bootstrap_servers": "b:9092", "topics": "t", "startingOffsets": '{"t": {"0": "x"}}'}, "-2 earliest"),
     ({"bootstrap_servers": "b:9092", "topics": "t", "maxOffsetsPerTrigger": "0"}, "positive integer"),
+    ({"bootstrap_servers": "b:9092", "topics": "t", "minPartitions": "x"}, "positive integer"),
 ])
 def test_options_are_validated_with_what_to_fix(options, fix):
     with pytest.raises(ValueError, match=fix):
