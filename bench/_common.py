@@ -31,6 +31,11 @@ class Deadline:
             raise BenchError(f"overall deadline of {self.seconds:.0f}s passed while {what}")
 
 
+def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
+    """a / b rounded, or None when either is missing (or b is 0)."""
+    return round(a / b, digits) if a is not None and b else None
+
+
 def say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

@@ -66,6 +66,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     log_tail,
     machine_busy,
     publish,
+    ratio,
     say,
     stop_process,
     workdir,
@@ -597,10 +598,6 @@ def source_tree() -> dict[str, Any] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "uncommitted": sorted(line[3:] for line in status.splitlines())}
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,6 +92,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     log_tail,
     machine_busy,
     publish,
+    ratio,
     say,
     stop_process,
     workdir,
@@ -564,10 +565,6 @@ def run_mode(mode: str, moto: Moto, work: Path, args: argparse.Namespace, deadli
 # --------------------------------------------------------------------------- main
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 2) if a is not None and b else None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=10.0, help="files per second (default 10)")
@@ -626,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  "p99": seen["p99"] is not None and seen["p99"] <= GOAL_P99_S}
         if len(results) == 2:
             n, li = results["notify"]["latency_s"], results["listing"]["latency_s"]
-            report["listing_over_notify"] = {"p50": ratio(li["p50"], n["p50"]), "p99": ratio(li["p99"], n["p99"])}
+            report["listing_over_notify"] = {"p50": ratio(li["p50"], n["p50"], 2), "p99": ratio(li["p99"], n["p99"], 2)}
             say(f"listing / notify: p50 x{report['listing_over_notify']['p50']}, "
                 f"p99 x{report['listing_over_notify']['p99']}")
         if failed:
