@@ -259,6 +259,9 @@ class SparkConfig(Frozen):
     app_name: str = "lakefeed"
     trigger_interval_s: float = Field(default=1.0, gt=0)
     conf: dict[str, str] = Field(default_factory=dict)
+    nice: int = Field(default=10, ge=0, le=19, description="How much nicer than the intake process (which "
+                      "acknowledges pushes) the rest of the daemon runs: Spark's JVM, its Python workers and "
+                      "the batches. When the cores are busy, acknowledgements come first; 0 treats them alike.")
 
 
 class LakefeedConfig(Frozen):

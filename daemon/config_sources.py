@@ -147,6 +147,9 @@ class KafkaSource(Frozen):
                                   '{"topic": {"0": offset}} (-2 earliest, -1 latest) for a new checkpoint.')
     max_offsets_per_trigger: int = Field(default=500_000, gt=0, description="Messages per micro-batch at most, "
                                          "shared across partitions; a batch is held in the driver's memory whole.")
+    min_partitions: int | None = Field(default=None, gt=0, description="Read tasks per micro-batch at least "
+                                       "(Spark's minPartitions): when fewer partitions hold data, a partition's "
+                                       "range is split. Default: twice the machine's cores.")
     group_id: str | None = Field(default=None, description="Processed offsets are mirrored to this consumer "
                                                            "group for lag monitoring only.")
     retry_timeout_s: float = Field(default=300.0, gt=0, description="How long an unreachable broker is "

@@ -1,8 +1,10 @@
-"""The daemon's HTTP server (aiohttp) on its own thread and event loop.
+"""An HTTP server (aiohttp) on its own thread and event loop.
 
-It serves the push API, health and the OpenAPI document. Starting fails with one clear line
-when the address cannot be bound (port in use, bad TLS files). The bound address is written
-to `state_dir/http.json` so the CLI can find a daemon started with `port: 0`.
+The intake process serves the daemon's port with it (push API, and the rest passed through);
+the daemon process serves health, metrics, status and webhooks with it on a unix socket. Starting
+fails with one clear line when the address cannot be bound (port in use, bad TLS files).
+`publish` writes the bound address to `state_dir/http.json`, so the CLI can find a daemon
+started with `port: 0`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ _log = log.get(__name__)
 
 
 class HttpServer:
-    def __init__(self, cfg: HttpConfig, state_dir: Path, routes: list[web.RouteDef]) -> None:
+    def __init__(self, cfg: HttpConfig, routes: list[web.RouteDef], unix: str | None = None) -> None:
         self.cfg = cfg
-        self._state_file = state_dir / "http.json"
+        self.unix = unix  # listen on this unix socket ("\0name": abstract) instead of cfg's host:port, without TLS
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.add_routes(routes)
         self._loop = asyncio.new_event_loop()
@@ -36,25 +38,25 @@ class HttpServer:
 
     def start(self) -> str:
         """Bind and serve; return the base URL."""
-        context = self._tls()
+        context = None if self.unix else self._tls()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        where = f"unix socket {self.unix!r}" if self.unix else f"{self.cfg.host}:{self.cfg.port}"
         try:
             self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, ssl_context=context,
-                               reuse_address=True)
+            site = web.UnixSite(self._runner, self.unix) if self.unix else \
+                web.TCPSite(self._runner, self.cfg.host, self.cfg.port, ssl_context=context, reuse_address=True)
             self._loop.run_until_complete(site.start())
         except OSError as exc:
             self._loop.run_until_complete(self._runner.cleanup())
-            raise TerminalError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc} "
+            raise TerminalError(f"cannot listen on {where}: {exc.strerror or exc} "
                                 "(another process has the port? set http.port)") from exc
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"{'https' if context else 'http'}://{host}:{port}"
+        if self.unix:
+            self.url = f"unix:{self.unix!r}"
+        else:
+            host, port = self._runner.addresses[0][:2]
+            self.url = f"{'https' if context else 'http'}://{host}:{port}"
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._thread.start()
-        self._state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"url": self.url, "pid": os.getpid()}), encoding="utf-8")
-        os.replace(tmp, self._state_file)
         _log.info("http.listening", url=self.url)
         return self.url
 
@@ -77,5 +79,16 @@ class HttpServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
         self._loop.close()
-        self._state_file.unlink(missing_ok=True)
-        _log.info("http.stopped")
+        _log.info("http.stopped", url=self.url)
+
+
+def publish(state_dir: Path, url: str | None) -> None:
+    """Write (or with None remove) `state_dir/http.json`: where the daemon with this pid answers."""
+    path = state_dir / "http.json"
+    if url is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}), encoding="utf-8")
+    os.replace(tmp, path)

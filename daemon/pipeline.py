@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +49,8 @@ class EntityPipeline:
         self._offsets = ChangelogOffsets(sinks.changelog)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
-        self._schema: pa.Schema | None = None
+        # Told the schema pushes are checked against after each commit (the intake process, daemon/intake_client.py).
+        self.on_schema: Callable[[pa.Schema | str | None], None] = lambda _: None
         # pyarrow releases the GIL while parsing: files are read side by side.
         self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
@@ -80,11 +82,13 @@ class EntityPipeline:
         with self._lock:
             self._committers.pop(stream, None)
 
-    def schema(self) -> pa.Schema | None:
-        """The schema pushed records are checked against: the table's, else the one the manifest declares."""
-        if self._schema is None:
-            self._schema = self._read_schema()
-        return self._schema
+    def push_schema(self) -> pa.Schema | str | None:
+        """The schema pushed records are checked against, read afresh: the table's, else the one the manifest
+        declares (None: neither yet); a str says why it cannot be read."""
+        try:
+            return self._read_schema()
+        except Exception as exc:  # the intake answers pushes with 503 and the reason until a commit reads it
+            return f"{type(exc).__name__}: {exc}"
 
     def _read_schema(self) -> pa.Schema | None:
         schema = self.sinks.table.schema()
@@ -94,15 +98,10 @@ class EntityPipeline:
         return _without(schema, {})
 
     def _table_changed(self) -> None:
-        """A commit may have created or evolved the table. With push sources its schema is read again here, in
-        the batch's thread, so that requests (checked against it on the HTTP loop) never wait on the table."""
-        if not self.cfg.push:
-            self._schema = None
-            return
-        try:
-            self._schema = self._read_schema()
-        except Exception:  # the next request reads it again, and answers with the problem
-            self._schema = None
+        """A commit may have created or evolved the table: with push sources, its schema is read again here, in
+        the batch's thread, and handed on to the intake, which checks requests against it."""
+        if self.cfg.push:
+            self.on_schema(self.push_schema())
 
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         """A micro-batch of the file source."""

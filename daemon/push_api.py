@@ -17,6 +17,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +27,9 @@ from aiohttp import web
 
 from lakefeed import clock, log
 from lakefeed.config import EntityConfig, PushSource
-from lakefeed.pipeline import EntityPipeline
+from lakefeed.group_commit import GroupCommit
 from lakefeed.records import Rejected, decode, kind_of, validate
-from lakefeed.spool import Entry, GroupCommit, Pending, Spool, encode
+from lakefeed.spool import Entry, Pending, Spool, encode
 
 ROUTE = "/v1/entities/{entity}/sources/{source}/records"
 # Bodies up to this size are decoded on the event loop: ~0.1 ms of work, less than the hand-off to a
@@ -65,7 +66,7 @@ class Endpoint:
 
     cfg: EntityConfig
     source: PushSource
-    pipeline: EntityPipeline
+    table_schema: Callable[[], pa.Schema | None]  # the entity table's (None before it exists); may raise Rejected
     spool: Spool
     commit: GroupCommit
     limiter: TokenBucket | None
@@ -73,14 +74,14 @@ class Endpoint:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def open(cls, cfg: EntityConfig, source: PushSource, pipeline: EntityPipeline) -> Endpoint:
+    def open(cls, cfg: EntityConfig, source: PushSource, table_schema: Callable[[], pa.Schema | None]) -> Endpoint:
         spool = Spool(cfg.spool(source.name), source.segment_bytes, source.idempotency_ttl_s)
         limiter = TokenBucket(source.rate_limit_per_s) if source.rate_limit_per_s else None
-        return cls(cfg, source, pipeline, spool, GroupCommit(spool, source.spool_max_bytes), limiter)
+        return cls(cfg, source, table_schema, spool, GroupCommit(spool, source.spool_max_bytes), limiter)
 
     def prepare(self, body: bytes, content_type: str, key: str | None, event_time: str | None) -> Pending:
         """Decode and validate (in a worker thread); Rejected when the request cannot be stored."""
-        target = self.pipeline.schema() or self.first_schema
+        target = self.table_schema() or self.first_schema
         table = validate(decode(body, content_type, target), self.cfg, target)
         if target is None:
             # Until the table exists, the first accepted request's types are the ones later requests must fit.
@@ -93,7 +94,9 @@ class Endpoint:
 
 
 class PushApi:
-    """The push routes over the endpoints of the running entities (attached and detached on reload)."""
+    """The push routes over the endpoints of the running entities (attached and detached on reload).
+
+    It owns the endpoints attached to it: detaching or closing closes their spools."""
 
     def __init__(self, endpoints: list[Endpoint], max_body_bytes: int, workers: int = 4) -> None:
         self.max_body_bytes = max_body_bytes
@@ -107,9 +110,12 @@ class PushApi:
         self.accepting = True
         self.attach(endpoints)
 
-    def attach(self, endpoints) -> None:
+    def attach(self, endpoints: list[Endpoint]) -> None:
         with self._lock:
             for e in endpoints:
+                replaced = self.endpoints.get((e.cfg.name, e.source.name))
+                if replaced is not None and replaced is not e:
+                    raise ValueError(f"{e.cfg.name}/{e.source.name} is attached already; detach it first")
                 self.endpoints[(e.cfg.name, e.source.name)] = e
                 self._hashes[(e.cfg.name, e.source.name)] = e.source.tokens_sha256
 
@@ -126,13 +132,17 @@ class PushApi:
             self._paused.difference_update(targets)
 
     def detach(self, targets: list[tuple[str, str]]) -> None:
+        """Take these sources off (after `pause`, so no request is in progress) and close their spools."""
         with self._lock:
+            gone = [self.endpoints.pop(tuple(t), None) for t in targets]
             for t in targets:
-                self.endpoints.pop(t, None)
-                self._hashes.pop(t, None)
+                self._hashes.pop(tuple(t), None)
+        for endpoint in gone:
+            if endpoint is not None:
+                endpoint.close()
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post(ROUTE, self.push)]
+        return [web.post(ROUTE, self.push), web.route("*", ROUTE, _only_post)]
 
     def _authorize(self, request: web.Request, target: tuple[str, str]) -> None:
         header = request.headers.get("Authorization", "")
@@ -231,6 +241,11 @@ class PushApi:
 
     def close(self) -> None:
         self._decoders.shutdown(wait=True)
+        self.detach(list(self.endpoints))
+
+
+async def _only_post(request: web.Request) -> web.Response:
+    raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 
 
 def _event_time(value: str | None) -> str | None:

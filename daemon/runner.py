@@ -1,14 +1,16 @@
 """An entity at run time: its pipeline, its sources and one streaming query per source.
 
 Each query's foreachBatch hands the batch to the entity's pipeline (which lets one commit run
-at a time), records what it did in the daemon's metrics, and for push sources releases the
-spool segments that earlier, committed batches consumed.
+at a time), records what it did in the daemon's metrics, and for push sources has the spool
+segments that earlier, committed batches consumed released by their writer: the intake
+process (daemon/intake.py), or during a backfill, which has no intake, the runner itself.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -28,10 +30,10 @@ from lakefeed.connectors.s3_landing import S3Landing
 from lakefeed.connectors.spool_stream import FORMAT as SPOOL
 from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
+from lakefeed.intake_client import IntakeProcess
 from lakefeed.metrics import Metrics
 from lakefeed.pipeline import EntityPipeline
-from lakefeed.push_api import Endpoint
-from lakefeed.spool import Entry
+from lakefeed.spool import Entry, Spool, SpoolEnd
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
@@ -64,12 +66,15 @@ class EntityRunner:
     """An entity's pipeline and one streaming query per source: its files and each push source."""
 
     def __init__(self, session: SparkSession, cfg: EntityConfig, trigger_interval_s: float,
-                 excluded: tuple, metrics: Metrics) -> None:
+                 excluded: tuple, metrics: Metrics, intake: IntakeProcess | None) -> None:
         self.cfg = cfg
         self.metrics = metrics
+        self.intake = intake
         self._spark = session
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
         self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        if intake is not None:
+            self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)
         self.inbox: Inbox | None = None
         self.source: Source | None = None
         if isinstance(cfg.source, S3Source):
@@ -82,7 +87,9 @@ class EntityRunner:
             self.inbox = Inbox(cfg.state / "inbox")
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
                                          excluded=excluded)
-        self.endpoints = {p.name: Endpoint.open(cfg, p, self.pipeline) for p in cfg.push}
+        self.spools: dict[str, SpoolEnd] = {}  # a push stream's frames written so far (for its backlog)
+        self._writers: dict[str, Spool] = {}  # without an intake: the push streams' spools, to release them
+        self._counting = threading.Lock()
         self.queries: dict[str, StreamingQuery] = {}
         self.consumed: dict[str, int] = {}
         self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
@@ -102,8 +109,10 @@ class EntityRunner:
 
     def start_streams(self, streams: list[str]) -> None:
         for stream in streams:
-            if (push := self.cfg.push_source(stream)) is not None and stream not in self.endpoints:
-                self.endpoints[stream] = Endpoint.open(self.cfg, push, self.pipeline)
+            if (push := self.cfg.push_source(stream)) is not None:
+                self.spools[stream] = SpoolEnd(self.cfg.spool(stream))
+                if self.intake is None:
+                    self._writers[stream] = Spool(self.cfg.spool(stream), push.segment_bytes, push.idempotency_ttl_s)
             if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
                 self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
             self.queries[stream] = self._start_query(stream)
@@ -116,7 +125,7 @@ class EntityRunner:
                 time.sleep(0.05)
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
-        """Stop these streams' queries after their running batch; close their push spools."""
+        """Stop these streams' queries after their running batch."""
         for stream in streams:
             query = self.queries.pop(stream, None)
             if query is not None:
@@ -124,9 +133,10 @@ class EntityRunner:
                 while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
                     time.sleep(0.05)
                 query.stop()
-            endpoint = self.endpoints.pop(stream, None)
-            if endpoint is not None:
-                endpoint.close()
+            self.spools.pop(stream, None)
+            writer = self._writers.pop(stream, None)
+            if writer is not None:
+                writer.close()
             self.consumed.pop(stream, None)
             self.pipeline.forget(stream)
 
@@ -158,6 +168,8 @@ class EntityRunner:
                 reader.option("topics", ",".join(kafka.topics))
             if kafka.group_id:
                 reader = reader.option("group_id", kafka.group_id)
+            if kafka.min_partitions:
+                reader = reader.option("minPartitions", str(kafka.min_partitions))
             reader = reader.option("statusPath", str(self._source_status(stream)))
             frame = reader.load()
             handler = partial(self._kafka_batch, stream)
@@ -176,7 +188,10 @@ class EntityRunner:
         entries = sorted((Entry(*row) for row in frame.collect()), key=lambda e: e.offset)
         if entries:
             # Batches before this one are in Spark's commit log: their frames are no longer needed.
-            self.endpoints[stream].spool.release(entries[0].offset)
+            if self.intake is not None:
+                self.intake.release(self.cfg.name, stream, entries[0].offset)
+            elif stream in self._writers:
+                self._writers[stream].release(entries[0].offset)
         self._run(stream, batch_id, lambda: self.pipeline.process_frames(stream, entries, batch_id),
                   entries[-1].offset + 1 if entries else None)
 
@@ -208,8 +223,11 @@ class EntityRunner:
         if stream == FILES:
             written = len(self.inbox) if self.inbox is not None else 0
         else:
-            endpoint = self.endpoints.get(stream)
-            written = endpoint.spool.next_offset if endpoint is not None else 0
+            spool = self.spools.get(stream)
+            if spool is None:
+                return 0
+            with self._counting:  # the supervisor's loop and the status route both ask
+                written = spool()
         return max(0, written - self.consumed.get(stream, written))
 
     def _source_status(self, stream: str) -> Path:
@@ -276,9 +294,9 @@ class EntityRunner:
         self.stop_streams(list(self.queries), deadline)
         if self.inbox is not None:
             self.inbox.close()
-        for endpoint in self.endpoints.values():
-            endpoint.close()  # a push source whose query never started
-        self.endpoints.clear()
+        for writer in self._writers.values():
+            writer.close()  # a push source whose query never started
+        self._writers.clear()
         _log.info("entity.stopped", entity=self.cfg.name)
 
     def running(self) -> bool:

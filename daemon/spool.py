@@ -2,11 +2,12 @@
 
 A request's records are validated, encoded as one Arrow IPC stream and appended as a frame;
 the HTTP response is sent only after the frame is fsynced. Concurrent requests share one
-fsync (group commit, see `GroupCommit`). Frames get dense offsets; segment files are named
-after the offset of their first frame, so a reader that starts late (segments before it
-deleted) still knows every offset. The spool's streaming source (connectors/spool_stream.py)
-hands Spark frame descriptors; the batch reads the frames here. A segment is deleted once
-every frame in it belongs to a micro-batch Spark has committed.
+fsync (group commit, daemon/group_commit.py); one process writes a spool at a time (a lock).
+Frames get dense offsets; segment files are named after the offset of their first frame, so a
+reader that starts late (segments before it deleted) still knows every offset. The spool's
+streaming source (connectors/spool_stream.py) hands Spark frame descriptors; the batch reads
+the frames here. A segment is deleted once every frame in it belongs to a micro-batch Spark
+has committed.
 
 Frame: magic `LFS1`, u32 header length, u64 body length, u32 CRC-32 of header+body, the
 header (JSON: offset, rows, received time, idempotency key, event time), the body.
@@ -14,11 +15,12 @@ header (JSON: offset, rows, received time, idempotency key, event time), the bod
 
 from __future__ import annotations
 
-import asyncio
+import fcntl
 import json
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,11 +29,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from lakefeed import clock, log
+from lakefeed.errors import TerminalError
 
 MAGIC = b"LFS1"
 _HEAD = struct.Struct(">4sIQI")
 SUFFIX = ".spool"
 _KEYS = "idempotency.log"
+_WRITER_LOCK = "writer.lock"
 _log = log.get(__name__)
 
 
@@ -121,12 +125,14 @@ class Pending:
 class Spool:
     """The writing side (daemon process): appended by `GroupCommit`, released by the batch."""
 
-    def __init__(self, folder: Path, segment_bytes: int, ttl_s: float) -> None:
+    def __init__(self, folder: Path, segment_bytes: int, ttl_s: float, lock_timeout_s: float = 10.0) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
+        self._lock_fd: int | None = _hold(folder / _WRITER_LOCK, lock_timeout_s)
         self._segment_bytes = segment_bytes
         self._ttl_s = ttl_s
-        self.keys: dict[str, Entry] = {}
+        self.keys: dict[str, Entry] = {}  # in the order the requests came
+        self._segment_keys: dict[str, list[Entry]] = {}  # the keyed entries of each segment on disk
         self._sizes: dict[str, tuple[int, int]] = {}  # segment -> (first offset, bytes)
         self._next = 0
         self._fd: int | None = None
@@ -145,7 +151,7 @@ class Spool:
                 good = pos + length
                 count += 1
                 if head.get("k"):
-                    self.keys[head["k"]] = _entry(path.name, pos, length, head)
+                    self._remember(_entry(path.name, pos, length, head))
             if good != path.stat().st_size:
                 # A crash mid-append left a torn frame: it was never acknowledged, so drop it.
                 with open(path, "r+b") as f:
@@ -217,8 +223,13 @@ class Spool:
             self._next += len(entries)
             for entry in entries:
                 if entry.key:
-                    self.keys[entry.key] = entry
+                    self._remember(entry)
         return entries
+
+    def _remember(self, entry: Entry) -> None:
+        assert entry.key is not None
+        self.keys[entry.key] = entry
+        self._segment_keys.setdefault(entry.segment, []).append(entry)
 
     def _rotate(self) -> None:
         if self._fd is not None:
@@ -235,37 +246,64 @@ class Spool:
     def release(self, below: int) -> int:
         """Delete segments whose frames all have offsets below `below`; return how many.
 
-        Their idempotency keys move to the key log first, so a retry still finds them.
+        Their idempotency keys move to the key log first, so a retry still finds them. The lock is
+        held only to take the segments off the books: appends never wait for the files' deletion.
         """
         with self._lock:
-            return self._release(below)
-
-    def _release(self, below: int) -> int:
-        horizon = clock.now().timestamp() - self._ttl_s
-        expired = [k for k, e in self.keys.items() if e.segment not in self._sizes
-                   and clock.from_cdm(e.received_at).timestamp() < horizon]
-        for key in expired:  # remembered long enough: a retry this late is a new request
-            del self.keys[key]
-        names = sorted(self._sizes)
-        removed = 0
-        for name, following in zip(names, [*names[1:], None], strict=True):
-            if following is None or self._sizes[following][0] > below:
-                break  # the segment being written, or one holding frames not yet committed
-            keys = [e for e in self.keys.values() if e.segment == name]
-            if keys:
-                with open(self.folder / _KEYS, "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(_as_dict(e)) + "\n" for e in keys))
-                    f.flush()
-                    os.fsync(f.fileno())
+            self._expire()
+            names = sorted(self._sizes)
+            gone = []
+            for name, following in zip(names, [*names[1:], None], strict=True):
+                if following is None or self._sizes[following][0] > below:
+                    break  # the segment being written, or one holding frames not yet committed
+                gone.append(name)
+                self._bytes -= self._sizes.pop(name)[1]
+            keys = [e for name in gone for e in self._segment_keys.pop(name, [])]
+        if keys:
+            with open(self.folder / _KEYS, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(_as_dict(e)) + "\n" for e in keys))
+                f.flush()
+                os.fsync(f.fileno())
+        for name in gone:
             (self.folder / name).unlink()
-            self._bytes -= self._sizes.pop(name)[1]
-            removed += 1
-        return removed
+        return len(gone)
+
+    def _expire(self) -> None:
+        """Forget keys remembered long enough (a retry this late is a new request). Keys are in the order they
+        came, so the expired ones are a prefix: this looks at them and one more, not at every key."""
+        horizon = clock.now().timestamp() - self._ttl_s
+        expired = []
+        for key, entry in self.keys.items():
+            if entry.segment in self._sizes or clock.from_cdm(entry.received_at).timestamp() >= horizon:
+                break
+            expired.append(key)
+        for key in expired:
+            del self.keys[key]
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
+
+
+def _hold(path: Path, timeout_s: float) -> int:
+    """An exclusive lock on the spool: one writer at a time, across processes too (an intake
+    process that outlives its daemon for a moment must not append behind the next one's back)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TerminalError(f"the spool {path.parent} is held by another writer for over {timeout_s:g} s "
+                                    "(is an older lakefeed still running on this state_dir? stop it first)") from None
+            time.sleep(0.02)
 
 
 def _entry(segment: str, position: int, length: int, head: dict) -> Entry:
@@ -275,6 +313,30 @@ def _entry(segment: str, position: int, length: int, head: dict) -> Entry:
 def _as_dict(entry: Entry) -> dict:
     return {"offset": entry.offset, "segment": entry.segment, "position": entry.position, "length": entry.length,
             "rows": entry.rows, "received_at": entry.received_at, "key": entry.key, "event_time": entry.event_time}
+
+
+class SpoolEnd:
+    """The offset after a spool's last complete frame, followed as the spool grows: each call reads only
+    the headers of frames appended since the last one, and keeps nothing of them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._segment: str | None = None
+        self._position = 0
+        self._end = 0
+
+    def __call__(self) -> int:
+        for path in _segments(self.folder):
+            if self._segment is not None and path.name < self._segment:
+                continue
+            if path.name != self._segment:
+                self._segment, self._position, self._end = path.name, 0, int(path.stem)
+            try:
+                for pos, length, _ in _scan(path, self._position):
+                    self._end, self._position = self._end + 1, pos + length
+            except FileNotFoundError:
+                continue  # released meanwhile
+        return self._end
 
 
 class SpoolReader:
@@ -322,75 +384,3 @@ class SpoolReader:
             drop = min(below - self._base, len(self._entries))
             del self._entries[:drop]
             self._base += drop
-
-
-class GroupCommit:
-    """A thread that appends whatever requests are waiting in one write + fsync.
-
-    Requests come from an asyncio loop (the HTTP server's); a group's answers go back to it in
-    one `call_soon_threadsafe`, so a thousand small requests a second cost the loop one wake-up
-    per fsync, not one per request."""
-
-    def __init__(self, spool: Spool, max_bytes: int) -> None:
-        self.spool = spool
-        self._max_bytes = max_bytes
-        self._cond = threading.Condition()
-        self._queue: list[tuple[Pending, asyncio.Future[Entry]]] = []
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name=f"spool-{spool.folder.parent.name}", daemon=True)
-        self._thread.start()
-
-    async def store(self, item: Pending) -> Entry:
-        """The frame's entry, once it is durable."""
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        with self._cond:
-            if self._stopped:
-                raise RuntimeError("the spool is closed")
-            self._queue.append((item, future))
-            self._cond.notify()
-        return await future
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopped:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                batch, self._queue = self._queue, []
-            outcome: list[Entry] | Exception
-            try:
-                outcome = self.spool.append([item for item, _ in batch])
-            except Exception as exc:  # the requests get a 500; the thread stays to serve the next ones
-                _log.error("spool.write_failed", folder=str(self.spool.folder), error=str(exc))
-                outcome = exc
-            by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
-            for i, (_, future) in enumerate(batch):
-                by_loop.setdefault(future.get_loop(), []).append(i)
-            for loop, indexes in by_loop.items():
-                futures = [batch[i][1] for i in indexes]
-                results = outcome if isinstance(outcome, Exception) else [outcome[i] for i in indexes]
-                try:
-                    loop.call_soon_threadsafe(_settle, futures, results)
-                except RuntimeError:
-                    pass  # that loop is closed: nobody waits for these answers any more
-
-    def full(self) -> bool:
-        return self.spool.bytes() >= self._max_bytes
-
-    def close(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join()
-        self.spool.close()
-
-
-def _settle(futures: list[asyncio.Future[Entry]], results: list[Entry] | Exception) -> None:
-    for i, future in enumerate(futures):
-        if future.done():
-            continue  # the request was cancelled (client gone); its frame is durable all the same
-        if isinstance(results, Exception):
-            future.set_exception(results)
-        else:
-            future.set_result(results[i])

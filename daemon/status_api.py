@@ -27,7 +27,8 @@ def status(sup: Supervisor) -> dict[str, Any]:
                           **snapshot.get(name, {"files": 0, "rows": 0, "batches": 0, "quarantined": 0,
                                                 "last_commit": None, "freshness_s": None, "watermark": None,
                                                 "backlog": {}, "history": []})}
-    return {"daemon": {"pid": os.getpid(), "ready": sup.ready, "url": sup.url,
+    return {"daemon": {"pid": os.getpid(), "intake_pid": sup.intake.pid if sup.intake is not None else None,
+                       "ready": sup.ready, "url": sup.url,
                        "started_at": clock.to_cdm(clock.from_ns(int(sup.metrics.started * 1e9))),
                        "uptime_s": round(time.time() - sup.metrics.started, 3),
                        "config": str(sup.config_path) if sup.config_path else None,

@@ -1,4 +1,8 @@
-"""The supervisor: the entities' runners, the HTTP server and the process lifecycle.
+"""The supervisor: the entities' runners, the HTTP servers, the intake process and the lifecycle.
+
+The daemon's port is served by the intake process (daemon/intake.py: push requests and their
+spools); the rest of what the port offers (health, metrics, status, webhooks) is served here on
+a unix socket the intake passes those requests to.
 
 Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and
 SIGINT stop: intake first (pushes get 503, sources stop), then each running micro-batch
@@ -9,13 +13,15 @@ running untouched. Whatever a stop interrupts is replayed exactly once at the ne
 
 systemd (sd_notify): READY=1 once every query runs, STATUS= a one-line summary,
 RELOADING=1 + MONOTONIC_USEC= then READY=1 around a reload, STOPPING=1, and WATCHDOG=1 only
-while every stream is healthy (running, and making progress or idle with nothing waiting).
+while every stream is healthy (running, and making progress or idle with nothing waiting) and the
+intake process serves the port.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import secrets
 import signal
 import threading
 import time
@@ -24,16 +30,16 @@ from types import FrameType
 
 from pyspark.sql import SparkSession
 
-from lakefeed import config, log, spark, status_api
+from lakefeed import config, http_server, log, spark, status_api
 from lakefeed.config import EntityConfig, LakefeedConfig
 from lakefeed.config_sources import WebhookNotifications
 from lakefeed.config_watch import ConfigWatcher
 from lakefeed.connectors.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.http_server import HttpServer
+from lakefeed.intake_client import IntakeProcess
 from lakefeed.metrics import Metrics
 from lakefeed.notify import notify
-from lakefeed.push_api import PushApi
 from lakefeed.runner import EntityRunner
 from lakefeed.s3_webhook import Webhooks
 
@@ -58,7 +64,7 @@ class Supervisor:
         self._signals = 0
         self._session: SparkSession | None = None
         self._excluded: tuple = ()
-        self.api = PushApi([], cfg.http.max_body_bytes)
+        self.intake: IntakeProcess | None = None  # none in a backfill: it serves no HTTP
         self.webhooks = Webhooks()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -74,6 +80,26 @@ class Supervisor:
         self._stop.set()
 
     def run(self) -> int:
+        # An abstract unix socket: no path to clean up, and only this host's processes reach it.
+        local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self)],
+                           unix=f"\0lakefeed-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            if not self.drain:
+                local.start()
+                self.intake = IntakeProcess(self.cfg.http, local.unix or "", self.cfg.log_level)
+                self.url = self.intake.start()  # before the priority drops: the intake keeps the higher one
+                http_server.publish(self.cfg.state_dir, self.url)
+            _lower_priority(self.cfg.spark.nice)
+            self._run_spark()
+        finally:
+            if self.intake is not None:  # last: until here pushes get 503 and /healthz, /status answer
+                self.intake.stop()
+                http_server.publish(self.cfg.state_dir, None)
+            local.stop()
+        _log.info("daemon.stopped")
+        return 0
+
+    def _run_spark(self) -> None:
         session = self._session = spark.session(self.cfg.spark)
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
@@ -83,10 +109,6 @@ class Supervisor:
         try:
             spark.warm_up(session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
-            http = HttpServer(self.cfg.http, self.cfg.state_dir, [*self.api.routes(), *self.webhooks.routes(),
-                                                                    *status_api.routes(self)])
-            if not self.drain:
-                self.url = http.start()
             watcher = ConfigWatcher(self.config_path, self._reload.set) if self.config_path and not self.drain \
                 else None
             try:
@@ -94,7 +116,8 @@ class Supervisor:
                     self._start(entity)
                 self._serve(watcher)
             finally:
-                self.api.accepting = False  # pushes get 503 from now on; acknowledged ones are in the spools
+                if self.intake is not None:
+                    self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
                 if watcher is not None:
                     watcher.stop()
                 for runner in self.runners.values():
@@ -102,12 +125,8 @@ class Supervisor:
                 deadline = time.monotonic() + self.cfg.shutdown_timeout_s
                 for runner in self.runners.values():
                     runner.stop(deadline)
-                http.stop()  # last: until here pushes get 503 and /healthz, /status answer
-                self.api.close()
         finally:
             session.stop()
-        _log.info("daemon.stopped")
-        return 0
 
     def _serve(self, watcher: ConfigWatcher | None) -> None:
         running = [n for n, r in self.runners.items() if r.error is None]
@@ -127,7 +146,9 @@ class Supervisor:
             if self._reload.is_set():
                 self._reload.clear()
                 self.reload()
-            healthy = True
+            if self.intake is not None:
+                self.intake.check()
+            healthy = self.intake is None or self.intake.pid is not None
             for runner in list(self.runners.values()):
                 runner.check()
                 runner.sample()
@@ -165,9 +186,8 @@ class Supervisor:
     def _start(self, entity: EntityConfig) -> None:
         assert self._session is not None
         runner = EntityRunner(self._session, entity, self.cfg.spark.trigger_interval_s, self._excluded,
-                              self.metrics)
+                              self.metrics, self.intake)
         self.runners[entity.name] = runner
-        self.api.attach(runner.endpoints.values())
         if isinstance(runner.source, S3Landing):
             for hook in (n for n in runner.source.source.notifications if isinstance(n, WebhookNotifications)):
                 self.webhooks.attach(runner.source, hook, entity.storage)
@@ -178,25 +198,42 @@ class Supervisor:
             runner.stop_intake()
             self.metrics.error(entity.name, type(exc).__name__)
             _log.error("entity.failed", entity=entity.name, error=str(exc))
+        self._attach(runner, [p.name for p in entity.push])
+
+    def _attach(self, runner: EntityRunner, streams: list[str]) -> None:
+        """Have the intake serve these push sources of the runner's entity (after the runner started)."""
+        if self.intake is None or not streams:
+            return
+        sources = [p for s in streams if (p := runner.cfg.push_source(s)) is not None]
+        try:
+            self.intake.attach(runner.cfg, sources, runner.pipeline.push_schema())
+        except LakefeedError as exc:
+            runner.error, runner.terminal = str(exc), True
+            self.metrics.error(runner.cfg.name, type(exc).__name__)
+            _log.error("entity.failed", entity=runner.cfg.name, error=str(exc))
 
     def _stop_entity(self, name: str) -> None:
         runner = self.runners.pop(name)
         self.webhooks.detach(name)
-        targets = [(name, s) for s in runner.endpoints]
-        self.api.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
+        targets = [(name, p.name) for p in runner.cfg.push]
+        if self.intake is not None:
+            self.intake.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
         runner.stop_intake()
         runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
-        self.api.detach(targets)
+        if self.intake is not None:
+            self.intake.detach(targets)
 
     def _reconfigure(self, name: str, new: EntityConfig, streams: list[str]) -> None:
         """Restart only the record sources of an entity that changed; its other streams keep running."""
         runner = self.runners[name]
         targets = [(name, s) for s in streams if runner.cfg.push_source(s) is not None]
-        self.api.pause(targets)
+        if self.intake is not None:
+            self.intake.pause(targets)
         runner.reconfigure(new, streams, time.monotonic() + self.cfg.shutdown_timeout_s)
-        self.api.detach(targets)
-        self.api.attach(e for s, e in runner.endpoints.items() if s in streams)
-        self.api.resume(targets)
+        if self.intake is not None:
+            self.intake.detach(targets)
+            self._attach(runner, streams)
+            self.intake.resume(targets)
 
     def reload(self) -> None:
         """Apply the config file again: validate it whole, then start, stop or restart what changed."""
@@ -239,6 +276,8 @@ class Supervisor:
         changed = [n for n in changed if n not in in_place]
         for name in removed + changed:
             self._stop_entity(name)
+        if self.intake is not None:  # gone: their pushes get 404 now, not 503
+            self.intake.resume([(n, p.name) for n in removed for p in old[n].push])
         if new.log_level != self.cfg.log_level:
             log.configure(new.log_level)
         # What needs a restart keeps its running value until then.
@@ -246,7 +285,8 @@ class Supervisor:
         for name in changed + added:
             self._start(wanted[name])
         for name in changed:
-            self.api.resume([(name, s) for s in self.runners[name].endpoints])
+            if self.intake is not None:
+                self.intake.resume([(name, p.name) for p in self.runners[name].cfg.push])
         _log.info("reload.applied", added=added, removed=removed, restarted=changed,
                   sources_restarted={n: s for n, s in in_place.items()},
                   unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
@@ -260,6 +300,16 @@ def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] |
     before = {s.name: s for s in (*old.push, *old.kafka)}
     after = {s.name: s for s in (*new.push, *new.kafka)}
     return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+
+
+def _lower_priority(nice: int) -> None:
+    """Make this thread, and every thread and process it starts from now on (Spark's JVM and Python workers,
+    the batches), `nice` nicer. Threads started before keep their priority: the intake's launcher among them."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError as exc:  # a sandbox may forbid it: everything runs alike then
+            _log.warning("priority.unchanged", nice=nice, error=str(exc))
 
 
 def _feed_watchdog(done: threading.Event, interval: float) -> None:

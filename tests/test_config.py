@@ -150,10 +150,12 @@ def test_default_config_pushes_on_loopback_with_the_documented_dev_token():
 def test_kafka_sources_take_topics_or_a_pattern(tmp_path):
     kafka = {"name": "t", "bootstrap_servers": "127.0.0.1:9092"}
     entity = {"name": "orders", "kafka": [{**kafka, "topics": ["a"], "pattern": "a.*"}, {**kafka, "name": "u"},
-                                          {**kafka, "name": "v", "pattern": "(["}]}
+                                          {**kafka, "name": "v", "pattern": "(["},
+                                          {**kafka, "name": "w", "topics": ["a"], "min_partitions": 0}]}
     with pytest.raises(ConfigError) as info:
         config.load(write_config(tmp_path, [entity]))
     problems = "\n".join(info.value.problems)
     assert problems.count("give exactly one of topics and pattern") == 2 and "pattern does not compile" in problems
+    assert "min_partitions: Input should be greater than 0" in problems
     ok = config.load(write_config(tmp_path, [{"name": "orders", "kafka": [{**kafka, "topics": ["a", "b"]}]}]))
     assert ok.entities[0].streams() == ["t"] and ok.entities[0].source is None

@@ -258,6 +258,7 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     status = client.get_json("/status")[1]
     assert set(status["entities"]) == {"events", "sales"} and status["daemon"]["needs_restart"] == ["spark"]
     assert status["daemon"]["config_problems"] == []
+    assert client.push([{"id": 1}], entity="extra")[0] == 404  # removed: no longer paused for a restart
     # 5. SIGHUP reloads too (nothing changed: nothing restarts)
     daemon.signal(signal.SIGHUP)
     wait_for(lambda: reloads() == 4, 60, 0.2, "reload on SIGHUP")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,10 +19,11 @@ from deltalake import DeltaTable
 
 from lakefeed import config, openapi
 from lakefeed.commit import Sinks
+from lakefeed.errors import TerminalError
 from lakefeed.http_server import HttpServer
 from lakefeed.pipeline import EntityPipeline
 from lakefeed.push_api import Endpoint, PushApi, token_hash
-from lakefeed.spool import Spool, SpoolReader
+from lakefeed.spool import Pending, Spool, SpoolEnd, SpoolReader
 from tests.conftest import write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,16 +82,19 @@ def make_api(tmp_path):
         path = write_config(tmp_path, [_entity("orders", "t-orders", **push), _entity("other", "t-other")],
                             http={"host": "127.0.0.1", "port": 0, **(http or {})})
         cfg = config.load(path)
-        pipelines, endpoints = {}, {}
+        pipelines, endpoints, schemas = {}, {}, {}
         for entity in cfg.entities:
             checkpoint = entity.stream_checkpoint("api")
             checkpoint.mkdir(parents=True)
             (checkpoint / "metadata").write_text(json.dumps({"id": f"q-{entity.name}"}))
             pipelines[entity.name] = EntityPipeline(entity, Sinks.delta_rs(entity))
             pipelines[entity.name].prepare()
-            endpoints[entity.name] = Endpoint.open(entity, entity.push[0], pipelines[entity.name])
+            # As the daemon does it: each commit hands the table's schema on to the endpoints.
+            schemas[entity.name] = pipelines[entity.name].push_schema()
+            pipelines[entity.name].on_schema = partial(schemas.__setitem__, entity.name)
+            endpoints[entity.name] = Endpoint.open(entity, entity.push[0], partial(schemas.get, entity.name))
         api = PushApi(list(endpoints.values()), cfg.http.max_body_bytes)
-        server = HttpServer(cfg.http, cfg.state_dir, api.routes())
+        server = HttpServer(cfg.http, api.routes())
         url = server.start()
         host, port = url.split("://")[1].split(":")
         made.append(Api(cfg, pipelines, endpoints, api, server, host, int(port)))
@@ -96,9 +103,7 @@ def make_api(tmp_path):
     yield make
     for api in made:
         api.server.stop()
-        api.api.close()
-        for endpoint in api.endpoints.values():
-            endpoint.close()
+        api.api.close()  # closes the endpoints' spools too
 
 
 def _parquet(rows: list[dict]) -> bytes:
@@ -265,8 +270,6 @@ def test_the_openapi_document_is_served_and_kept_in_docs(make_api):
 
 
 def test_torn_spool_tail_is_dropped_and_the_reader_resumes_after_released_segments(tmp_path):
-    from lakefeed.spool import Pending
-
     folder = tmp_path / "spool"
     spool = Spool(folder, segment_bytes=1, ttl_s=60)
     for _ in range(3):
@@ -275,13 +278,19 @@ def test_torn_spool_tail_is_dropped_and_the_reader_resumes_after_released_segmen
     last = sorted(folder.glob("*.spool"))[-1]
     with open(last, "ab") as f:
         f.write(b"LFS1\x00\x00")  # a torn frame from a crash mid-append
+    spool.close()  # the crashed writer's lock goes with it
     reopened = Spool(folder, segment_bytes=1, ttl_s=60)
     assert reopened.next_offset == 3
     reader = SpoolReader(folder)
     assert (reader.refresh(), reader.start()) == (3, 2)
     assert [e.offset for e in reader.entries(2, 3)] == [2]
+    # What the daemon counts a push stream's backlog with: frames so far, past released segments.
+    end = SpoolEnd(folder)
+    assert end() == 3
+    reopened.append([Pending(b"y" * 10, 1, None, None)])
+    assert end() == 4
+    assert reopened.release(4) == 1 and end() == 4 and SpoolEnd(folder)() == 4
     reopened.close()
-    spool.close()
 
 
 def test_tls_serves_the_api_over_https_only(make_api, tmp_path):
@@ -313,3 +322,21 @@ def test_ndjson_values_keep_the_table_types_instead_of_inferred_ones(make_api):
     assert api.post(body, "application/x-ndjson")[0] == 202
     api.ingest()
     assert [r["ts"] for r in api.table()] == ["2024-02-17T05:20:00Z", "2024-02-18T05:20:00Z", "soon"]
+
+
+def test_a_spool_has_one_writer_at_a_time(tmp_path):
+    folder = tmp_path / "spool"
+    first = Spool(folder, segment_bytes=1 << 20, ttl_s=60)
+    with pytest.raises(TerminalError, match="held by another writer"):
+        Spool(folder, segment_bytes=1 << 20, ttl_s=60, lock_timeout_s=0.2)
+    # Another process is kept out as well (an intake that outlived its daemon for a moment).
+    probe = ("import sys; from lakefeed.spool import Spool\n"
+             "try: Spool(__import__('pathlib').Path(sys.argv[1]), 1 << 20, 60, lock_timeout_s=0.2)\n"
+             "except Exception as exc: print(type(exc).__name__)")
+    held = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, text=True, check=True)
+    assert held.stdout.strip() == "TerminalError"
+    first.append([Pending(b"x", 1, None, None)])
+    first.close()
+    second = Spool(folder, segment_bytes=1 << 20, ttl_s=60, lock_timeout_s=0.2)
+    assert second.next_offset == 1
+    second.close()

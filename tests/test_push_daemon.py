@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import threading
 from pathlib import Path
@@ -119,3 +120,67 @@ def test_idempotency_survives_a_restart_and_sigterm_answers_503_then_exits(push_
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
     assert sorted(_ids(table)) == [1, 2]
+
+
+def _get(url: str, path: str) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, body
+
+
+def _intake_pid(url: str) -> int | None:
+    try:
+        status, body = _get(url, "/status")
+    except (OSError, http.client.HTTPException):
+        return None  # the port is between intake processes
+    return json.loads(body)["daemon"]["intake_pid"] if status == 200 else None
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(push_daemon):
+    tmp_path, config, daemon = push_daemon
+    table = tmp_path / "lake" / "events" / "table"
+    daemon.start()
+    url = _url(tmp_path)
+    # The port is the intake's; the daemon's own routes answer through it, the push route only to POST.
+    first = _intake_pid(url)
+    assert first is not None and first != daemon.proc.pid and _alive(first)
+    # Acknowledging comes first: the Spark side runs spark.nice (default 10) nicer than the intake.
+    assert (_nice(first), _nice(daemon.proc.pid)) == (_nice(os.getpid()), min(19, _nice(os.getpid()) + 10))
+    assert _get(url, "/openapi.json")[0] == 200 and _get(url, "/healthz")[0] == 200
+    assert _get(url, "/v1/entities/events/sources/api/records")[0] == 405
+    assert _get(url, "/no/such/route")[0] == 404
+    _post(url, [{"id": i, "v": "before"} for i in range(100)])
+
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: (_intake_pid(url) or first) != first, 60, 0.2, "a new intake process")
+    assert daemon.events("intake.exited") == 1
+    assert _nice(_intake_pid(url)) == _nice(os.getpid())  # started again at the intake's priority
+    _post(url, [{"id": 1000 + i, "v": "after"} for i in range(100)])
+    wait_for(lambda: len(_ids(table)) >= 200, 60, 0.3, "both requests' records")
+    assert sorted(_ids(table)) == [*range(100), *range(1000, 1100)]
+
+    second = _intake_pid(url)
+    daemon.signal(signal.SIGKILL)
+    assert daemon.wait() == -signal.SIGKILL
+    wait_for(lambda: not _alive(second), 30, 0.1, "the intake to go with its daemon")
+    daemon.start()  # the spools' writer lock is free again
+    _post(_url(tmp_path), [{"id": 5000, "v": "restarted"}])
+    wait_for(lambda: 5000 in _ids(table), 60, 0.3, "the record pushed after the restart")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    assert len(_ids(table)) == 201

@@ -42,6 +42,8 @@ ACCEPTED_EXPOSURES = {
     "ProcSubset": "delta-rs panics without /proc/meminfo; the JVM needs /proc/cgroups for its cgroup limits",
     "DeviceAllow": "char-rtc:r comes with ProtectClock=yes",
     "UMask": "0027: the lake is group-readable for readers in the lakefeed group",
+    "SystemCallFilter_resources": "only setpriority, to make the Spark side nicer than the intake (spark.nice); "
+                                  "the rest of @resources stays denied",
 }
 
 REQUIRED = {
@@ -85,7 +87,7 @@ REQUIRED = {
         "RemoveIPC": ["yes"],
         "KeyringMode": ["private"],
         "SystemCallArchitectures": ["native"],
-        "SystemCallFilter": ["@system-service", "~@privileged @resources"],
+        "SystemCallFilter": ["@system-service", "~@privileged @resources", "setpriority"],
         # Without it a denied call kills the process: numpy's OpenBLAS calls mbind (in @resources).
         "SystemCallErrorNumber": ["EPERM"],
         "RestrictAddressFamilies": ["AF_UNIX AF_INET AF_INET6"],
