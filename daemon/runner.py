@@ -66,7 +66,7 @@ class EntityRunner:
     """An entity's pipeline and one streaming query per source: its files and each push source."""
 
     def __init__(self, session: SparkSession, cfg: EntityConfig, trigger_interval_s: float,
-                 excluded: tuple, metrics: Metrics, intake: IntakeProcess | None) -> None:
+                 excluded: tuple, metrics: Metrics, intake: IntakeProcess | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.intake = intake
