@@ -18,6 +18,7 @@ import fcntl
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from watchdog.events import (
@@ -36,6 +37,9 @@ from lakefeed.inbox import FileEvent, Inbox
 
 _IGNORED_SUFFIXES = (".tmp", ".temp", ".partial", "._COPYING_", ".crc", ".cdm.json")
 _log = log.get(__name__)
+# When a tree is copied in, watchdog may add a new folder to its recursive watch twice (its create event and its
+# own walk race); it keeps one callback, as intended, but says so with a RuntimeWarning in its thread.
+warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
 
 
 def is_data_file(path: str) -> bool:
