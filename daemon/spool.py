@@ -315,72 +315,74 @@ def _as_dict(entry: Entry) -> dict:
             "rows": entry.rows, "received_at": entry.received_at, "key": entry.key, "event_time": entry.event_time}
 
 
-class SpoolEnd:
-    """The offset after a spool's last complete frame, followed as the spool grows: each call reads only
-    the headers of frames appended since the last one, and keeps nothing of them."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self._segment: str | None = None
-        self._position = 0
-        self._end = 0
-
-    def __call__(self) -> int:
-        for path in _segments(self.folder):
-            if self._segment is not None and path.name < self._segment:
-                continue
-            if path.name != self._segment:
-                self._segment, self._position, self._end = path.name, 0, int(path.stem)
-            try:
-                for pos, length, _ in _scan(path, self._position):
-                    self._end, self._position = self._end + 1, pos + length
-            except FileNotFoundError:
-                continue  # released meanwhile
-        return self._end
-
-
-class SpoolReader:
-    """The reading side, in Spark's planner process: indexes frames appended since the last call."""
+class _Tail:
+    """Follows a spool's segments as they grow (released ones skipped): `_new_frames` yields the frames
+    appended since the last call."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self._entries: list[Entry] = []  # consecutive offsets from self._base
-        self._base: int | None = None
+        self._first: int | None = None  # the first offset of the first segment seen
         self._segment: str | None = None
         self._position = 0
 
-    def refresh(self) -> int:
-        """Index what was appended; return the offset after the last complete frame."""
+    def _new_frames(self) -> Iterator[tuple[str, int, int, dict]]:
         for path in _segments(self.folder):
             if self._segment is not None and path.name < self._segment:
                 continue
             if path.name != self._segment:
                 self._segment, self._position = path.name, 0
-                if self._base is None:
-                    self._base = int(path.stem)
+                if self._first is None:
+                    self._first = int(path.stem)
             try:
                 for pos, length, head in _scan(path, self._position):
-                    self._entries.append(_entry(path.name, pos, length, head))
                     self._position = pos + length
+                    yield path.name, pos, length, head
             except FileNotFoundError:
                 continue  # released meanwhile
+
+
+class SpoolEnd(_Tail):
+    """The offset after a spool's last complete frame: each call reads only the headers of frames appended
+    since the last one, and keeps nothing of them."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self._end = 0
+
+    def __call__(self) -> int:
+        for _, _, _, head in self._new_frames():
+            self._end = head["o"] + 1
+        # A segment starts at the offset after the frames before it (it may hold none yet).
+        return max(self._end, int(Path(self._segment).stem) if self._segment else 0)
+
+
+class SpoolReader(_Tail):
+    """The reading side, in Spark's planner process: indexes frames appended since the last call."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self._entries: list[Entry] = []  # consecutive offsets from self._first (moved on by forget)
+
+    def refresh(self) -> int:
+        """Index what was appended; return the offset after the last complete frame."""
+        self._entries.extend(_entry(name, pos, length, head) for name, pos, length, head in self._new_frames())
         return self.end()
 
     def end(self) -> int:
-        return (self._base or 0) + len(self._entries)
+        return (self._first or 0) + len(self._entries)
 
     def start(self) -> int:
-        return self._base or 0
+        return self._first or 0
 
     def entries(self, start: int, end: int) -> list[Entry]:
         if end > self.end():
             self.refresh()
-        base = self._base or 0
+        base = self._first or 0
         return self._entries[max(0, start - base):max(0, end - base)]
 
     def forget(self, below: int) -> None:
         """Drop index entries Spark will not ask for again."""
-        if self._base is not None and below > self._base:
-            drop = min(below - self._base, len(self._entries))
+        if self._first is not None and below > self._first:
+            drop = min(below - self._first, len(self._entries))
             del self._entries[:drop]
-            self._base += drop
+            self._first += drop
