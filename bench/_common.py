@@ -96,10 +96,23 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def cpu_of(pid: int) -> tuple[int, float]:
-    """(session id, CPU seconds incl. reaped children) of a process."""
+    """(session id, CPU seconds incl. reaped children) of a process. A lakefeed intake process that leads a
+    session of its own (the daemon gives it one when the daemon leads its own: daemon/supervisor.py) counts
+    in its daemon's session."""
     stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
     fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
-    return int(fields[3]), sum(int(x) for x in fields[11:15]) / CLK_TCK
+    sid, cpu = int(fields[3]), sum(int(x) for x in fields[11:15]) / CLK_TCK
+    if sid == pid and is_intake(pid):
+        sid = int(fields[1])  # its parent, the daemon, leads the daemon's session
+    return sid, cpu
+
+
+def is_intake(pid: int) -> bool:
+    """Whether the process is a lakefeed intake (daemon/intake.py)."""
+    try:
+        return b"lakefeed.intake" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def machine_busy() -> float:

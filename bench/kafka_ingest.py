@@ -72,7 +72,7 @@ sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixt
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from _common import BenchError, Deadline, kill_group, log_events, log_tail, publish, say, workdir  # noqa: E402  (bench/ is the script folder, so on sys.path)
+from _common import BenchError, Deadline, is_intake, kill_group, log_events, log_tail, publish, say, workdir  # noqa: E402  (bench/ is the script folder, so on sys.path)
 from deltalake import DeltaTable  # noqa: E402
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
@@ -215,9 +215,11 @@ class Cpu:
             if not entry.isdigit():
                 continue
             try:
-                _, sid, comm, cpu = _stat(entry)
+                ppid, sid, comm, cpu = _stat(entry)
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
+            if sid == int(entry) and ppid == self.daemon_pid and is_intake(int(entry)):
+                sid = ppid  # the intake leads a session of its own; it is the daemon's (bench/_common.py)
             if sid != self.daemon_pid:  # started with start_new_session: its session id is its pid
                 continue
             kind = "driver" if int(entry) == self.daemon_pid else "jvm" if comm == "java" else "workers"

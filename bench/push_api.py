@@ -65,6 +65,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     BenchError,
     Deadline,
     cpu_of,
+    is_intake,
     kill_group,
     log_tail,
     machine_busy,
@@ -162,8 +163,8 @@ class CpuMeter:
                 sid, cpu = cpu_of(int(entry))
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
-            if sid == self.pid:  # started with start_new_session: its session id is its pid
-                out["intake" if _is_intake(int(entry)) else "server_children"] += cpu
+            if sid == self.pid:  # started with start_new_session: its session id is its pid (intake included)
+                out["intake" if is_intake(int(entry)) else "server_children"] += cpu
         return out
 
     @staticmethod
@@ -173,13 +174,6 @@ class CpuMeter:
         out["others"] = round(out.pop("machine") - out["client"] - out["server"] - out["intake"]
                               - out["server_children"], 2)
         return out
-
-
-def _is_intake(pid: int) -> bool:
-    try:
-        return b"lakefeed.intake" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def _window(before: dict[str, float], after: dict[str, float]) -> list[float]:

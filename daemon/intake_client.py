@@ -33,9 +33,11 @@ class IntakeDown(LakefeedError):
 
 
 class IntakeProcess:
-    def __init__(self, http: HttpConfig, upstream: str, log_level: str, start_timeout_s: float = 60.0) -> None:
+    def __init__(self, http: HttpConfig, upstream: str, log_level: str, start_timeout_s: float = 60.0,
+                 own_session: bool = False) -> None:
         self._settings = {"http": http, "upstream": upstream, "log_level": log_level}
         self._start_timeout_s = start_timeout_s
+        self._own_session = own_session  # its own session, so its own scheduler autogroup (daemon/supervisor.py)
         self._attached: dict[Target, tuple[EntityConfig, PushSource]] = {}
         self._schemas: dict[str, pa.Schema | str | None] = {}
         self._paused: set[Target] = set()
@@ -61,7 +63,7 @@ class IntakeProcess:
             ours, theirs = multiprocessing.Pipe()
             self._proc = self._launcher.submit(
                 subprocess.Popen, [sys.executable, "-m", "lakefeed.intake", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),)).result()
+                pass_fds=(theirs.fileno(),), start_new_session=self._own_session).result()
             theirs.close()
             self._conn = ours
             ours.send(self._settings)

@@ -44,6 +44,7 @@ from lakefeed.runner import EntityRunner
 from lakefeed.s3_webhook import Webhooks
 
 _log = log.get(__name__)
+_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
@@ -83,13 +84,15 @@ class Supervisor:
         # An abstract unix socket: no path to clean up, and only this host's processes reach it.
         local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self)],
                            unix=f"\0lakefeed-{os.getpid()}-{secrets.token_hex(4)}")
+        own_session = _leads_own_session()
         try:
             if not self.drain:
                 local.start()
-                self.intake = IntakeProcess(self.cfg.http, local.unix or "", self.cfg.log_level)
+                self.intake = IntakeProcess(self.cfg.http, local.unix or "", self.cfg.log_level,
+                                            own_session=own_session)
                 self.url = self.intake.start()  # before the priority drops: the intake keeps the higher one
                 http_server.publish(self.cfg.state_dir, self.url)
-            _lower_priority(self.cfg.spark.nice)
+            _lower_priority(self.cfg.spark.nice, autogroup=own_session)
             self._run_spark()
         finally:
             if self.intake is not None:  # last: until here pushes get 503 and /healthz, /status answer
@@ -302,12 +305,27 @@ def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] |
     return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
 
 
-def _lower_priority(nice: int) -> None:
+def _leads_own_session() -> bool:
+    """Whether this process leads a session of its own (systemd, setsid) on a kernel with scheduler autogroups.
+
+    Such a kernel shares the CPU fairly between sessions first and applies nice values only within one: the
+    whole session (intake, JVM, Python workers) then competed as one with every other session, and the
+    intake got the CPU it needs only as long as Spark left the session's share unused. Leading its own
+    session, the daemon gives the intake a session (an autogroup) of its own and makes its own autogroup
+    `spark.nice` nicer. A daemon in someone else's session (a terminal's, a test runner's) leaves that
+    session's autogroup alone: lowering it would lower the terminal's priority too, for as long as it lives."""
+    return os.getsid(0) == os.getpid() and _AUTOGROUP.exists()
+
+
+def _lower_priority(nice: int, autogroup: bool) -> None:
     """Make this thread, and every thread and process it starts from now on (Spark's JVM and Python workers,
-    the batches), `nice` nicer. Threads started before keep their priority: the intake's launcher among them."""
+    the batches), `nice` nicer; with `autogroup`, this session's scheduler autogroup too. Threads started
+    before keep their priority: the intake's launcher among them."""
     if nice:
         try:
             os.nice(nice)
+            if autogroup:
+                _AUTOGROUP.write_text(str(nice), encoding="ascii")
         except OSError as exc:  # a sandbox may forbid it: everything runs alike then
             _log.warning("priority.unchanged", nice=nice, error=str(exc))
 

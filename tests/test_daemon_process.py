@@ -24,10 +24,12 @@ class Daemon:
         self.config, self.log = config, log
         self.proc: subprocess.Popen | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> None:
+    def start(self, env: dict[str, str] | None = None, new_session: bool = False) -> None:
+        """`new_session`: the daemon leads a session of its own, as under systemd."""
         self._log_file = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "lakefeed", "run", "--config", str(self.config)],
-                                     stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                     stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     start_new_session=new_session)
         starts = self.events("daemon.ready")
         wait_for(lambda: self.events("daemon.ready") > starts or self.proc.poll() is not None, 120, 0.2, "ready")
         assert self.proc.poll() is None, self.log.read_text()[-3000:]

@@ -107,8 +107,11 @@ def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_dae
 def test_idempotency_survives_a_restart_and_sigterm_answers_503_then_exits(push_daemon):
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
+    ours = _autogroup(os.getpid())
     daemon.start()
     first = _post(_url(tmp_path), [{"id": 1, "v": "a"}], key="order-1")
+    # A daemon in another's session (here pytest's) leaves that session's priority alone and keeps the intake in it.
+    assert _autogroup(os.getpid()) == ours and os.getsid(_intake_pid(_url(tmp_path))) == os.getsid(0)
     wait_for(lambda: _ids(table) == [1], 60, what="the first record")
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
@@ -144,6 +147,15 @@ def _nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
+def _autogroup(pid: int) -> tuple[str, int] | None:
+    """(name, nice) of a process's scheduler autogroup; None on a kernel without autogroups."""
+    try:
+        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+    except FileNotFoundError:
+        return None
+    return name, int(nice)
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
@@ -154,13 +166,16 @@ def _alive(pid: int) -> bool:
 def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(push_daemon):
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
-    daemon.start()
+    daemon.start(new_session=True)  # as under systemd
     url = _url(tmp_path)
     # The port is the intake's; the daemon's own routes answer through it, the push route only to POST.
     first = _intake_pid(url)
     assert first is not None and first != daemon.proc.pid and _alive(first)
-    # Acknowledging comes first: the Spark side runs spark.nice (default 10) nicer than the intake.
+    # Acknowledging comes first: the Spark side runs spark.nice (default 10) nicer than the intake, and
+    # where the kernel shares the CPU between sessions first (autogroups), the daemon's session is the
+    # nicer one and the intake has a session of its own.
     assert (_nice(first), _nice(daemon.proc.pid)) == (_nice(os.getpid()), min(19, _nice(os.getpid()) + 10))
+    _assert_own_session(first, daemon.proc.pid)
     assert _get(url, "/openapi.json")[0] == 200 and _get(url, "/healthz")[0] == 200
     assert _get(url, "/v1/entities/events/sources/api/records")[0] == 405
     assert _get(url, "/no/such/route")[0] == 404
@@ -170,6 +185,7 @@ def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(p
     wait_for(lambda: (_intake_pid(url) or first) != first, 60, 0.2, "a new intake process")
     assert daemon.events("intake.exited") == 1
     assert _nice(_intake_pid(url)) == _nice(os.getpid())  # started again at the intake's priority
+    _assert_own_session(_intake_pid(url), daemon.proc.pid)
     _post(url, [{"id": 1000 + i, "v": "after"} for i in range(100)])
     wait_for(lambda: len(_ids(table)) >= 200, 60, 0.3, "both requests' records")
     assert sorted(_ids(table)) == [*range(100), *range(1000, 1100)]
@@ -184,3 +200,12 @@ def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(p
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
     assert len(_ids(table)) == 201
+
+
+def _assert_own_session(intake: int, daemon: int) -> None:
+    if _autogroup(daemon) is None:  # a kernel without autogroups: nice alone orders them, one session
+        assert os.getsid(intake) == os.getsid(daemon) == daemon
+        return
+    assert os.getsid(intake) == intake and os.getsid(daemon) == daemon
+    assert _autogroup(daemon)[1] == 10 and _autogroup(intake)[1] == 0
+    assert _autogroup(intake)[0] != _autogroup(daemon)[0]
