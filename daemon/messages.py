@@ -21,8 +21,7 @@ import pyarrow.json as pajson
 
 from lakefeed import cdc
 from lakefeed.config import KafkaSource
-from lakefeed.read import BadRow
-from lakefeed.records import from_rows
+from lakefeed.read import BadRow, from_rows
 
 PREFIX = "kafka_"
 _NEWLINE, _BRACE = ord("\n"), ord("{")

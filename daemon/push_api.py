@@ -28,7 +28,7 @@ from aiohttp import web
 from lakefeed import clock, log
 from lakefeed.config import EntityConfig, PushSource
 from lakefeed.group_commit import GroupCommit
-from lakefeed.records import Rejected, decode, kind_of, validate
+from lakefeed.records import Rejected, accept, kind_of
 from lakefeed.spool import Entry, Pending, Spool, encode
 
 ROUTE = "/v1/entities/{entity}/sources/{source}/records"
@@ -82,7 +82,7 @@ class Endpoint:
     def prepare(self, body: bytes, content_type: str, key: str | None, event_time: str | None) -> Pending:
         """Decode and validate (in a worker thread); Rejected when the request cannot be stored."""
         target = self.table_schema() or self.first_schema
-        table = validate(decode(body, content_type, target), self.cfg, target)
+        table = accept(body, content_type, self.cfg, target)
         if target is None:
             # Until the table exists, the first accepted request's types are the ones later requests must fit.
             with self.lock:

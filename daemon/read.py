@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -126,14 +127,38 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
                     rows.append(value)
                 else:
                     bad.append(BadRow(number, "a JSON line must hold an object", line.rstrip("\n")))
-        result = conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
+        result = conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)
         result.bad[:0] = bad
         return result
     document = json.loads(path.read_text(encoding="utf-8"))
     rows = document if isinstance(document, list) else [document]
     if not all(isinstance(r, dict) for r in rows):
         return FileRead(None, [BadRow(None, "a JSON file must hold an object or an array of objects", _head(path))])
-    return conform(pa.Table.from_pylist(rows), target, first_line=None) if rows else FileRead(None)
+    return conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)
+
+
+def from_rows(rows: list[dict[str, Any]]) -> pa.Table:
+    """JSON objects as a table: a column for every key of any object (Arrow's `Table.from_pylist` takes
+    the first object's keys and silently drops the others'), typed by all of its values. A column whose
+    values mix types (or hold an int beyond 64 bits) is taken as text: conforming then finds the values
+    that do not fit."""
+    names = dict.fromkeys(rows[0]) if rows else {}
+    if len(set().union(*rows)) > len(names):  # an object has a key the first lacks: every key, in order seen
+        names = dict.fromkeys(k for r in rows for k in r)
+    columns = {}
+    for name in names:
+        values = [r.get(name) for r in rows]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            columns[name] = pa.array([_text(v) for v in values], pa.string())
+    return pa.table(columns) if columns else pa.table({})
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
 
 
 def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = None) -> FileRead:

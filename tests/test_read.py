@@ -70,3 +70,12 @@ def test_json_array_document_and_parquet(tmp_path):
     broken.write_bytes(b"PAR1 not really")
     out = read_file(broken, ParquetFormat(kind="parquet"), None)
     assert out.table is None and "cannot be decoded" in out.bad[0].reason
+
+
+def test_json_keys_missing_from_the_first_object_are_kept(tmp_path):
+    # Arrow's Table.from_pylist takes the first object's keys only: "b" and "c" were dropped silently.
+    j = tmp_path / "a.json"
+    j.write_text('[{"a": 1}, {"a": 2, "b": "x"}, {"c": 1180591620717411303424}]')
+    out = read_file(j, JsonFormat(kind="json"), None).table
+    assert out.to_pylist() == [{"a": 1, "b": None, "c": None}, {"a": 2, "b": "x", "c": None},
+                               {"a": None, "b": None, "c": "1180591620717411303424"}]  # beyond 64 bits: text
