@@ -152,7 +152,7 @@ def from_rows(rows: list[dict[str, Any]]) -> pa.Table:
             columns[name] = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             columns[name] = pa.array([_text(v) for v in values], pa.string())
-    return pa.table(columns) if columns else pa.table({})
+    return pa.table(columns)
 
 
 def _text(value: Any) -> str | None:

@@ -321,13 +321,17 @@ def _lower_priority(nice: int, autogroup: bool) -> None:
     """Make this thread, and every thread and process it starts from now on (Spark's JVM and Python workers,
     the batches), `nice` nicer; with `autogroup`, this session's scheduler autogroup too. Threads started
     before keep their priority: the intake's launcher among them."""
-    if nice:
+    if not nice:
+        return
+    try:
+        os.nice(nice)
+    except OSError as exc:  # a sandbox may forbid it: everything runs alike then
+        _log.warning("priority.unchanged", nice=nice, error=str(exc))
+    if autogroup:
         try:
-            os.nice(nice)
-            if autogroup:
-                _AUTOGROUP.write_text(str(nice), encoding="ascii")
-        except OSError as exc:  # a sandbox may forbid it: everything runs alike then
-            _log.warning("priority.unchanged", nice=nice, error=str(exc))
+            _AUTOGROUP.write_text(str(nice), encoding="ascii")
+        except OSError as exc:  # e.g. a read-only /proc: sessions then share the CPU as equals
+            _log.warning("priority.autogroup_unchanged", nice=nice, error=str(exc))
 
 
 def _feed_watchdog(done: threading.Event, interval: float) -> None:
