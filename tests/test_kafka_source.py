@@ -176,6 +176,28 @@ def test_topics_created_later_that_match_the_pattern_are_read_from_earliest(kspa
     assert not any(t == first for t, *_ in run.rows) and len(a) == 5  # "latest" skipped what came before
 
 
+def test_partitions_added_to_a_topic_the_query_reads_are_read_from_earliest(kspark, own_broker, runs, tmp_path):
+    # tansu has no CreatePartitions and keeps topics in memory only; so the topic is made again, with three
+    # partitions, while the query is stopped (a running one's metadata requests make tansu create it again
+    # with one, whatever the client asks), and partition 0 is filled up to the offset in the checkpoint.
+    # To the query, that is its topic grown from one partition to three, partition 0 where it left it.
+    own_broker.start()
+    topic = own_broker.create_topic(topic_name(), 1)
+    before = own_broker.produce(topic, [{"n": i} for i in range(5)])
+    options = {"bootstrap_servers": own_broker.bootstrap, "topics": topic, "startingOffsets": "earliest"}
+    runs.append(run := Run(kspark, tmp_path / "ckpt", **options))
+    assert sorted(run.wait_rows(5)) == expected(before, [{"n": i} for i in range(5)])
+    run.stop()
+    own_broker.stop()
+    own_broker.start()
+    own_broker.create_topic(topic, 3)
+    own_broker.produce(topic, [{"n": -1}] * 5, partition=0)  # offsets 0-4, which the checkpoint has read
+    sent = own_broker.produce(topic, [{"n": i} for i in range(5, 35)])
+    assert {m.partition for m in sent} == {0, 1, 2}
+    runs.append(again := Run(kspark, tmp_path / "ckpt", **options))
+    assert sorted(again.wait_rows(30)) == expected(sent, [{"n": i} for i in range(5, 35)])
+
+
 def test_broker_that_lost_its_data_fails_the_query_with_what_to_do(kspark, own_broker, runs, tmp_path):
     own_broker.start()
     topic = own_broker.create_topic(topic_name(), 2)
