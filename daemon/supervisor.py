@@ -44,7 +44,8 @@ from lakefeed.runner import EntityRunner
 from lakefeed.s3_webhook import Webhooks
 
 _log = log.get(__name__)
-_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
+_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP);
+# empty in the root group (init's session, and every process that never left it), whose nice cannot be set
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
@@ -314,7 +315,12 @@ def _leads_own_session() -> bool:
     session, the daemon gives the intake a session (an autogroup) of its own and makes its own autogroup
     `spark.nice` nicer. A daemon in someone else's session (a terminal's, a test runner's) leaves that
     session's autogroup alone: lowering it would lower the terminal's priority too, for as long as it lives."""
-    return os.getsid(0) == os.getpid() and _AUTOGROUP.exists()
+    if os.getsid(0) != os.getpid():
+        return False
+    try:
+        return bool(_AUTOGROUP.read_text(encoding="ascii").strip())
+    except OSError:  # a kernel without autogroups
+        return False
 
 
 def _lower_priority(nice: int, autogroup: bool) -> None:

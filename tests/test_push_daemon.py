@@ -148,11 +148,15 @@ def _nice(pid: int) -> int:
 
 
 def _autogroup(pid: int) -> tuple[str, int] | None:
-    """(name, nice) of a process's scheduler autogroup; None on a kernel without autogroups."""
+    """(name, nice) of a process's scheduler autogroup; None on a kernel without autogroups, or for a process
+    in the root group (the file is empty then: init's session, where a CI runner's processes may be)."""
     try:
-        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
     except FileNotFoundError:
         return None
+    if not fields:
+        return None
+    name, _, nice = fields
     return name, int(nice)
 
 
