@@ -122,6 +122,8 @@ class Supervisor:
             finally:
                 if self.intake is not None:
                     self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
+                _log.info("daemon.stopping")  # after the intake has answered: no push is acknowledged from here on
+                notify(STOPPING="1", STATUS="stopping: finishing running batches")
                 if watcher is not None:
                     watcher.stop()
                 for runner in self.runners.values():
@@ -171,8 +173,6 @@ class Supervisor:
             if self.drain and all(r.drained() for r in self.runners.values()):
                 _log.info("backfill.drained", entities=list(self.runners))
                 break
-        _log.info("daemon.stopping")
-        notify(STOPPING="1", STATUS="stopping: finishing running batches")
 
     def status_line(self) -> str:
         failed = [n for n, r in self.runners.items() if r.error is not None]

@@ -104,7 +104,7 @@ def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_dae
     assert verify(config_module.load(config).entities[0]) == []
 
 
-def test_idempotency_survives_a_restart_and_sigterm_answers_503_then_exits(push_daemon):
+def test_idempotency_survives_a_restart_and_sigterm_exits_cleanly(push_daemon):
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
     ours = _autogroup(os.getpid())
