@@ -44,8 +44,7 @@ from lakefeed.runner import EntityRunner
 from lakefeed.s3_webhook import Webhooks
 
 _log = log.get(__name__)
-_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP);
-# empty in the root group (init's session, and every process that never left it), whose nice cannot be set
+_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
@@ -318,6 +317,7 @@ def _leads_own_session() -> bool:
     if os.getsid(0) != os.getpid():
         return False
     try:
+        # Empty in the root group (init's session, and every process that never left it): no nice to set.
         return bool(_AUTOGROUP.read_text(encoding="ascii").strip())
     except OSError:  # a kernel without autogroups
         return False
