@@ -487,7 +487,7 @@ def run_lakefeed(work: Path, broker: Broker, partitions: int, messages: int, max
 # "function (path/file.py:line)"; the path depends on how the package is installed, so only the name counts.
 KEY_FRAMES = {
     "kafka_source read (executors)": ("_KafkaStreamReader.read", "kafka_source.py"),
-    "kafka_source _to_arrow": ("_to_arrow", "kafka_source.py"),
+    "kafka_records decode (records to Arrow)": ("decode", "kafka_records.py"),
     "kafka-python KafkaConsumer.poll": ("KafkaConsumer.poll", "group.py"),
     "kafka-python crc32c, pure Python": ("crc_update", "_crc32c.py"),
     "python worker start-up: imports": ("_find_and_load", "<frozen importlib._bootstrap>"),

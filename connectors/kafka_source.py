@@ -8,7 +8,8 @@
 - `group_id`, when set, only mirrors processed offsets into that consumer group in `commit()` so the usual lag
   tools see how far behind the query is. It is best effort and never read back.
 - One InputPartition per topic-partition with new records, large ranges split so that every core reads (option
-  `minPartitions`): executors `assign()` + `seek()` (no rebalances), read exactly [start, end), yield Arrow batches.
+  `minPartitions`): executors `assign()` + `seek()` (no rebalances), read exactly [start, end), yield Arrow batches
+  decoded a whole fetch at a time (connectors/kafka_records.py).
 - End offsets are high watermarks from fetch responses. ListOffsets alone can under-report (tansu answers with
   the last record batch's base offset + 1), and ListOffsets is only used to find a valid offset to fetch from.
 - New partitions, and new topics matching `pattern`, enter the offsets at their earliest offset in one batch and
@@ -29,8 +30,9 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
+import numpy as np
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
@@ -41,19 +43,13 @@ from pyspark.sql.types import StructType
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from lakefeed import log
+from lakefeed.connectors.kafka_records import arrow_fetches
 from lakefeed.errors import TerminalError, TransientError
 
 FORMAT = "lakefeed_kafka"
 SCHEMA = ("topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
           "headers array<struct<key:string,value:binary>>")
-# What Spark expects back from read() for SCHEMA (pyspark's to_arrow_schema(..., timezone="UTC")).
-ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.binary()), ("value", pa.binary()),
-    ("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))),
-])
 EARLIEST, LATEST = -2, -1
-_BATCH_ROWS = 20_000  # per poll, and no more than the range still holds: every record polled is parsed
 _MIN_SPLIT = 50_000  # offsets: a read task costs a consumer of its own (a connection, metadata, a seek)
 
 _log = log.get(__name__)
@@ -351,24 +347,26 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, _TopicRange)
         r = partition
         tp = TopicPartition(r.topic, r.partition)
-        consumer = KafkaConsumer(bootstrap_servers=self._opts.bootstrap_servers, client_id="lakefeed-kafka-read",
-                                 enable_auto_commit=False, auto_offset_reset="none", allow_auto_create_topics=False,
-                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+        consumer = arrow_fetches(KafkaConsumer(
+            bootstrap_servers=self._opts.bootstrap_servers, client_id="lakefeed-kafka-read", enable_auto_commit=False,
+            auto_offset_reset="none", allow_auto_create_topics=False, max_partition_fetch_bytes=8 << 20,
+            fetch_max_bytes=64 << 20), until={tp: r.end})
         try:
             consumer.assign([tp])
             consumer.seek(tp, r.start)
             position, deadline = r.start, time.monotonic() + self._opts.poll_timeout_s
             while position < r.end:
                 try:
-                    polled = consumer.poll(timeout_ms=500, max_records=min(_BATCH_ROWS, r.end - position))
+                    polled = consumer.poll(timeout_ms=500)
                 except OffsetOutOfRangeError as e:
                     raise KafkaOffsetError(f"Kafka topic-partition {r.topic}-{r.partition} no longer holds offsets "
                                            f"[{r.start}, {r.end}) (deleted by retention, or the topic was "
                                            "recreated): restore them, or delete this query's checkpoint to start "
                                            "over from startingOffsets") from e
-                records = [rec for rec in polled.get(tp, ()) if rec.offset < r.end]
-                if records:
-                    yield _to_arrow(r.topic, r.partition, records)
+                for chunk in polled.get(tp, ()):
+                    # The last batch decoded may run past the range's end.
+                    if inside := int(np.searchsorted(chunk.batch.column(2).to_numpy(), r.end)):
+                        yield chunk.batch.slice(0, inside)
                 if (now_at := consumer.position(tp)) > position:
                     position, deadline = now_at, time.monotonic() + self._opts.poll_timeout_s
                 elif time.monotonic() > deadline:
@@ -382,18 +380,3 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def _transient(error: BaseException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable or isinstance(error, OffsetOutOfRangeError))
 
-
-def _to_arrow(topic: str, partition: int, records: list[Any]) -> pa.RecordBatch:
-    n = len(records)
-    return pa.RecordBatch.from_arrays([
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array([r.offset for r in records], pa.int64()),
-        # Kafka timestamps are epoch milliseconds; -1 (or None) means the record has none.
-        pa.array([r.timestamp * 1000 if r.timestamp is not None and r.timestamp >= 0 else None for r in records],
-                 ARROW_SCHEMA.field("timestamp").type),
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.array([[{"key": k, "value": v} for k, v in r.headers] if r.headers else None for r in records],
-                 ARROW_SCHEMA.field("headers").type),
-    ], schema=ARROW_SCHEMA)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from lakefeed.connectors.kafka_records import ARROW_SCHEMA
 from lakefeed.connectors.kafka_source import (
     _MIN_SPLIT,
-    ARROW_SCHEMA,
     FORMAT,
     KafkaDataSource,
     _admit,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lakefeed import cdc, messages
 from lakefeed.config import KafkaSource
-from lakefeed.connectors.kafka_source import ARROW_SCHEMA
+from lakefeed.connectors.kafka_records import ARROW_SCHEMA
 from lakefeed.read import BadRow, from_rows
 
 EVERY_COLUMN = KafkaSource(name="s", bootstrap_servers="b:9092", topics=("t",),
