@@ -41,6 +41,7 @@ _HEADERS = ARROW_SCHEMA.field("headers").type
 _HEADER = _HEADERS.value_type
 _BINARY = pa.binary()
 _PAD = bytes(10)  # a varint is at most 10 bytes: reading one at the last position stays inside the buffer
+_MAX_MS = (2**63 - 1) // 1000  # the latest timestamp, in milliseconds, that Arrow's microseconds hold
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class ArrowPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc,name
         batch = records.next_batch()
         last, until = None, self._until.get(tp)
         while batch is not None:
-            if until is not None and batch.base_offset >= until:
+            # (A v0/v1 batch's base offset is its last record's: it is decoded whatever `until` says.)
+            if until is not None and batch.magic == 2 and batch.base_offset >= until:
                 yield from self._chunk(tp, run)
                 self.next_fetch_offset = max(self.next_fetch_offset, batch.base_offset)
                 self.drain()
@@ -161,6 +163,8 @@ def decode(topic: str, partition: int, batches: list[DefaultRecordBatch]) -> pa.
     if (key_len < -1).any() or (value_len < -1).any() or (header_count < 0).any():
         raise CorruptRecordError(f"Kafka records of {topic}-{partition} with a negative key, value or header "
                                  "count other than -1 (null)")
+    if (header_count > (end - pos) // 2).any():  # a header takes two bytes at least
+        raise CorruptRecordError(f"Kafka records of {topic}-{partition} with more headers than bytes left")
     headers, pos = _headers(data, pos, end, header_count)
     if (pos != end).any():
         raise CorruptRecordError(f"Kafka records of {topic}-{partition} whose fields do not add up to their length")
@@ -176,7 +180,11 @@ def decode(topic: str, partition: int, batches: list[DefaultRecordBatch]) -> pa.
                         np.int64)[per_record]
     appended = np.array([b.timestamp_type for b in batches], bool)[per_record]
     stamp = np.where(appended, first_ts, first_ts + ts_delta)  # LOG_APPEND_TIME: the batch's max timestamp
-    known = stamp >= 0  # -1: the record has no timestamp
+    # -1: the record has no timestamp. One beyond what microseconds hold (or whose sum overflowed) is kept as none
+    # too, rather than failing the partition on every read; the record itself is kept.
+    exact = np.where(appended, first_ts, first_ts.astype(np.float64) + ts_delta)
+    known = (stamp >= 0) & (exact >= 0) & (exact <= _MAX_MS)
+    stamp = np.where(known, stamp, 0)
     return pa.RecordBatch.from_arrays([
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
@@ -195,6 +203,8 @@ def _walk(raw: bytes, sizes: list[int], counts: list[int]) -> np.ndarray:
     append = starts.append
     pos = 0
     for size, count in zip(sizes, counts, strict=True):
+        if count < 0:
+            raise CorruptRecordError(f"a Kafka batch that says it holds {count} records")
         stop = pos + size
         for _ in range(count):
             append(pos)
@@ -244,7 +254,7 @@ def _varints(data: np.ndarray, pos: np.ndarray, end: np.ndarray | None = None) -
         after[todo] += 1
         todo = todo[byte >= 0x80]
         shift += np.uint64(7)
-        if shift > 63:
+        if todo.size and shift > 63:
             raise CorruptRecordError("a Kafka varint of more than 10 bytes")
     return (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64), after
 
@@ -311,9 +321,9 @@ def rows_to_arrow(topic: str, partition: int, records: list[Any]) -> pa.RecordBa
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
         pa.array([r.offset for r in records], pa.int64()),
-        # Kafka timestamps are epoch milliseconds; -1 (or None) means the record has none.
-        pa.array([r.timestamp * 1000 if r.timestamp is not None and r.timestamp >= 0 else None for r in records],
-                 ARROW_SCHEMA.field("timestamp").type),
+        # Kafka timestamps are epoch milliseconds; -1 (or None) means the record has none (as one out of range).
+        pa.array([r.timestamp * 1000 if r.timestamp is not None and 0 <= r.timestamp <= _MAX_MS else None
+                  for r in records], ARROW_SCHEMA.field("timestamp").type),
         pa.array([r.key for r in records], pa.binary()),
         pa.array([r.value for r in records], pa.binary()),
         pa.array([[{"key": k, "value": v} for k, v in r.headers] if r.headers else None for r in records],

@@ -39,14 +39,17 @@ def fetch(batches: list[Batch], base: int = 0) -> tuple[bytes, list[int]]:
     out, bases, offset = bytearray(), [], base
     for b in batches:
         offset += b.skip
-        # v2 records carry offsets relative to their batch's base offset, set by the broker: patched in below.
-        builder = MemoryRecordsBuilder(b.magic, b.compression, 1 << 30, offset=offset if b.magic < 2 else 0)
+        # As a broker stores them: v2 records carry offsets relative to their batch's base offset, and a compressed
+        # v1 batch's inner messages relative offsets (0, 1, ...) under its wrapper's absolute one, that of its last
+        # message. Both are patched in below; an uncompressed v1 message has its own absolute offset.
+        relative = b.magic == 2 or b.compression != 0
+        builder = MemoryRecordsBuilder(b.magic, b.compression, 1 << 30, offset=0 if relative else offset)
         for ts, key, value, headers in b.records:
             builder.append(ts, key, value, headers if b.magic == 2 else None)
         builder.close()
         raw = bytearray(builder.buffer())
-        if b.magic == 2:
-            struct.pack_into(">q", raw, 0, offset)  # not under the CRC
+        if relative:  # the offset field comes before the CRC and is not under it
+            struct.pack_into(">q", raw, 0, offset if b.magic == 2 else offset + len(b.records) - 1)
         if b.magic == 2 and (b.log_append_time or b.control):
             attributes = struct.unpack_from(">h", raw, _H.ATTRIBUTES_OFFSET)[0]
             attributes |= (_H.TIMESTAMP_TYPE_MASK if b.log_append_time else 0) | (_H.CONTROL_MASK if b.control else 0)
@@ -104,19 +107,25 @@ def test_a_fetch_decodes_to_what_kafka_python_decodes_record_by_record(fetched, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(batches().filter(lambda b: b.magic == 2), min_size=2, max_size=5), st.data())
+@given(st.lists(batches(), min_size=2, max_size=5), st.data())
 def test_batches_from_until_on_are_left_undecoded_and_the_position_stops_there(fetched, data):
     raw, bases = fetch(fetched)
     until = data.draw(st.integers(bases[0] + 1, bases[-1] + len(fetched[-1].records) + 1), label="until")
     model, _ = kafka_python(raw, 0)
     table, next_offset = lakefeed(raw, 0, until)
-    wanted = [b for b, start in zip(fetched, bases, strict=True) if start < until and not b.control]
-    last = max(i for i, start in enumerate(bases) if start < until)
-    stop = bases[last + 1] if last + 1 < len(bases) else None
-    assert table.num_rows == sum(len(b.records) for b in wanted)
+    # v2 batches from `until` on are left; a v0/v1 batch only says where it ends, so it is always decoded.
+    done = [i == 0 or b.magic < 2 or start < until for i, (b, start) in enumerate(zip(fetched, bases, strict=True))]
+    left = done.index(False) if False in done else len(fetched)
+    assert table.num_rows == sum(len(b.records) for b in fetched[:left] if not b.control)
     assert table.equals(model.slice(0, table.num_rows))
-    # The position goes to the first batch not decoded, so the next fetch starts there.
-    assert next_offset == (stop if stop is not None else bases[-1] + len(fetched[-1].records))
+    # Every offset before `until` is read; the position goes to the first batch not decoded, where the next
+    # fetch starts.
+    assert next_offset == (bases[left] if left < len(fetched) else model_end(fetched, bases))
+    assert set(range(until)) & set(model.column("offset").to_pylist()) <= set(table.column("offset").to_pylist())
+
+
+def model_end(fetched: list[Batch], bases: list[int]) -> int:
+    return bases[-1] + len(fetched[-1].records)
 
 
 def test_a_fetch_of_many_large_batches_is_one_chunk_per_run_of_v2_batches():
@@ -144,6 +153,39 @@ def test_corrupt_batches_raise_corrupt_record_error(where, what):
     else:
         raw[records_at + 4] = 0x05  # the first record's key length: -3
         _recrc(raw)
+    with pytest.raises(CorruptRecordError, match=what):
+        lakefeed(bytes(raw), 0)
+
+
+def test_timestamps_beyond_what_microseconds_hold_are_none_and_the_records_kept():
+    far = [(10**16, None, b"a", []), (2**62, None, b"b", []), (5, None, b"c", [])]
+    for batch in (Batch(2, 0, 0, far), Batch(1, 0, 0, far)):
+        table, _ = lakefeed(fetch([batch])[0], 0)
+        assert table.column("value").to_pylist() == [b"a", b"b", b"c"]
+        assert table.column("timestamp").to_pylist()[:2] == [None, None]
+        assert table.column("timestamp")[2].value == 5000
+
+
+@pytest.mark.parametrize("field, value, what", [
+    ("records_count", -1, "holds -1 records"),
+    ("header_count", 2**50, "more headers than bytes left"),
+])
+def test_absurd_counts_are_corrupt_records_not_allocations(field, value, what):
+    from kafka.record.util import encode_varint
+    if field == "records_count":
+        raw = bytearray(fetch([Batch(2, 0, 0, [(5, None, b"", [])])])[0])
+        raw = raw[:_H.HEADER_STRUCT.size]  # no records
+        struct.pack_into(">i", raw, 8, len(raw) - 12)
+        struct.pack_into(">i", raw, _H.HEADER_STRUCT.size - 4, value)
+    else:
+        body = bytearray([0, 0, 0, 1])  # attributes, timestamp delta, offset delta 0, key length -1 (zigzag 1)
+        body += bytes([2]) + b"v"  # value length 1
+        encode_varint(value, body.append)  # the header count
+        record = bytearray()
+        encode_varint(len(body), record.append)
+        raw = bytearray(fetch([Batch(2, 0, 0, [(5, None, b"v", [])])])[0])[:_H.HEADER_STRUCT.size] + record + body
+        struct.pack_into(">i", raw, 8, len(raw) - 12)
+    _recrc(raw)
     with pytest.raises(CorruptRecordError, match=what):
         lakefeed(bytes(raw), 0)
 
