@@ -28,6 +28,12 @@ _NEWLINE, _BRACE = ord("\n"), ord("{")
 _KEYS = ("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")
 
 
+def columns(source: KafkaSource) -> list[str]:
+    """The message columns decode() reads: Spark need not carry the others to the driver."""
+    return ["topic", "partition", "offset", "value", *(c for c in source.metadata_columns
+                                                       if c not in ("topic", "partition", "offset"))]
+
+
 def decode(batch: pa.Table, source: KafkaSource, debezium: bool = False
            ) -> tuple[pa.Table | None, list[tuple[str, BadRow]], int]:
     """(rows with `source_file` and the metadata columns, bad messages, tombstones skipped).

@@ -31,6 +31,7 @@ from lakefeed.connectors.spool_stream import FORMAT as SPOOL
 from lakefeed.errors import LakefeedError
 from lakefeed.inbox import Inbox, InboxRecord
 from lakefeed.intake_client import IntakeProcess
+from lakefeed.messages import columns as decoded_columns
 from lakefeed.metrics import Metrics
 from lakefeed.pipeline import EntityPipeline
 from lakefeed.spool import Entry, Spool, SpoolEnd
@@ -196,7 +197,9 @@ class EntityRunner:
                   entries[-1].offset + 1 if entries else None)
 
     def _kafka_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
-        messages = frame.toArrow()
+        source = self.cfg.kafka_source(stream)
+        assert source is not None
+        messages = frame.select(*decoded_columns(source)).toArrow()
         self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, messages, batch_id), None)
 
     def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:

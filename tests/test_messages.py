@@ -208,3 +208,12 @@ def test_debezium_envelopes_decode_as_the_reference(wrapped):
     rows, bad, tombstones = decode_both(batch_of(values), debezium=True)
     assert rows.column("id").to_pylist() == [1, 1, 2] and rows.column("op").to_pylist() == ["c", "u", "d"]
     assert len(bad) == 1 and tombstones == 1
+
+
+@given(st.lists(st.sampled_from(["topic", "partition", "offset", "timestamp", "key", "headers"]), unique=True))
+def test_decode_needs_only_the_columns_it_names(kept):
+    """The runner has Spark bring only `columns(source)` to the driver: decode gives the same from those."""
+    source = KafkaSource(name="s", bootstrap_servers="b:9092", topics=("t",), metadata_columns=tuple(kept))
+    batch = batch_of([b'{"a": 1}', b"not json", None, b'{"a": 2}'], keys=[b"k", None, b"x", b"y"], partitions=2,
+                     headers=[[{"key": "h", "value": b"v"}], None, None, None])
+    same(messages.decode(batch.select(messages.columns(source)), source), messages.decode(batch, source))
