@@ -93,10 +93,11 @@ class Broker:
         return name
 
     def produce(self, topic: str, values: Iterable[Any], *, partition: int | None = None, key: bytes | None = None,
-                headers: list[tuple[str, bytes]] | None = None) -> list[RecordMetadata]:
+                headers: list[tuple[str, bytes]] | None = None, compression: str | None = None
+                ) -> list[RecordMetadata]:
         """Send each value as JSON (to `partition`, or round-robin over the topic's partitions); return where
         each one landed. A new producer per call: after a tansu restart an old one's producer id is unknown."""
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, compression_type=compression)
         try:
             spread = sorted(producer.partitions_for(topic))
             futures = [producer.send(topic, json.dumps(v).encode(), key=key, headers=headers,

@@ -303,18 +303,25 @@ def test_a_large_range_of_one_partition_is_read_by_several_tasks_every_offset_on
     assert batches[0][1] == list(range(n))  # each offset once, in order
 
 
-def test_pieces_of_a_range_read_exactly_their_offsets_also_from_inside_a_record_batch(kafka_broker):
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_pieces_of_a_range_read_exactly_their_offsets_also_from_inside_a_record_batch(kafka_broker, compression):
+    """A fetch answers from the start of the record batch holding the offset asked for (and a compressed batch is
+    decompressed whole): each piece must still get exactly its offsets, with their keys, headers and values."""
     topic = kafka_broker.create_topic(topic_name(), 1)
-    kafka_broker.produce(topic, [{"n": i} for i in range(150)], partition=0)  # a few record batches
-    kafka_broker.produce(topic, [{"n": i} for i in range(150, 300)], partition=0)
+    kafka_broker.produce(topic, [{"n": i} for i in range(150)], partition=0, compression=compression)
+    kafka_broker.produce(topic, [{"n": i} for i in range(150, 300)], partition=0, key=b"k",
+                         headers=[("h", b"v")], compression=compression)
     reader = KafkaDataSource({"bootstrap_servers": kafka_broker.bootstrap, "topics": topic}).streamReader(None)  # type: ignore[arg-type]
     pieces = _split({(topic, 0): (5, 297)}, 7, least=1)
     assert len(pieces) == 7
     got = []
     for piece in pieces:
-        offsets = [o for batch in reader.read(piece) for o in batch.column("offset").to_pylist()]
-        assert offsets == list(range(piece.start, piece.end))
-        got += offsets
+        rows = [row for batch in reader.read(piece) for row in batch.to_pylist()]
+        assert [r["offset"] for r in rows] == list(range(piece.start, piece.end))
+        assert all(json.loads(r["value"]) == {"n": r["offset"]} for r in rows)
+        assert all((r["key"], r["headers"]) == ((b"k", [{"key": "h", "value": b"v"}]) if r["offset"] >= 150
+                                                else (None, None)) for r in rows)
+        got += [r["offset"] for r in rows]
     assert got == list(range(5, 297))
 
 
