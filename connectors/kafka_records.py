@@ -57,13 +57,13 @@ def arrow_fetches(consumer: KafkaConsumer, until: Mapping[TopicPartition, int] |
     fetcher = getattr(consumer, "_fetcher", None)
     if not isinstance(fetcher, Fetcher) or not isinstance(getattr(Fetcher, "PartitionRecords", None), type):
         raise RuntimeError("kafka-python's fetcher is not the one lakefeed was built for: install the version "
-                           "pyproject.toml names (kafka-python>=3.0,<3.1)")
+                           "pyproject.toml names (kafka-python>=3.0.12,<3.1)")
     fetcher.PartitionRecords = partial(ArrowPartitionRecords, until=dict(until or {}))  # type: ignore[attr-defined]
     return consumer
 
 
 class ArrowPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc,name-defined]
-    """kafka-python's records of one fetched partition, yielded as Chunks (one per run of v2 batches)."""
+    """kafka-python's records of one fetched partition, yielded as Chunks (one per run of batches of one format)."""
 
     def __init__(self, *args: Any, until: Mapping[TopicPartition, int], **kwargs: Any) -> None:
         self._until = until  # before super().__init__, which makes the _unpack_records generator
@@ -135,7 +135,7 @@ class ArrowPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc,name
 
     def _trimmed(self, table: pa.RecordBatch, next_offset: int) -> Iterator[Chunk]:
         """The records from the fetch offset on: a fetch answers from the start of the batch holding it."""
-        offsets = table.column(2).to_numpy()
+        offsets = table.column("offset").to_numpy()
         first = int(np.searchsorted(offsets, self.fetch_offset))
         if first < table.num_rows:
             self.next_fetch_offset = next_offset

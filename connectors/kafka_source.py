@@ -365,7 +365,7 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                            "over from startingOffsets") from e
                 for chunk in polled.get(tp, ()):
                     # The last batch decoded may run past the range's end.
-                    if inside := int(np.searchsorted(chunk.batch.column(2).to_numpy(), r.end)):
+                    if inside := int(np.searchsorted(chunk.batch.column("offset").to_numpy(), r.end)):
                         yield chunk.batch.slice(0, inside)
                 if (now_at := consumer.position(tp)) > position:
                     position, deadline = now_at, time.monotonic() + self._opts.poll_timeout_s
