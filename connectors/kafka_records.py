@@ -41,7 +41,7 @@ _HEADERS = ARROW_SCHEMA.field("headers").type
 _HEADER = _HEADERS.value_type
 _BINARY = pa.binary()
 _PAD = bytes(10)  # a varint is at most 10 bytes: reading one at the last position stays inside the buffer
-_MAX_MS = (2**63 - 1) // 1000  # the latest timestamp, in milliseconds, that Arrow's microseconds hold
+_END_MS = 253_402_300_800_000  # 10000-01-01 in epoch milliseconds: Spark's timestamps end before it
 
 
 @dataclass(frozen=True)
@@ -176,15 +176,16 @@ def decode(topic: str, partition: int, batches: list[DefaultRecordBatch]) -> pa.
     if (offset_delta < 0).any() or (offset_delta > last_delta).any() or (np.diff(offsets) <= 0).any():
         raise CorruptRecordError(f"Kafka records of {topic}-{partition} whose offsets are outside their batch "
                                  "or do not increase")
-    first_ts = np.array([b.max_timestamp if b.timestamp_type else b.first_timestamp for b in batches],
-                        np.int64)[per_record]
-    appended = np.array([b.timestamp_type for b in batches], bool)[per_record]
-    stamp = np.where(appended, first_ts, first_ts + ts_delta)  # LOG_APPEND_TIME: the batch's max timestamp
-    # -1: the record has no timestamp. One beyond what microseconds hold (or whose sum overflowed) is kept as none
+    # A record's timestamp is its batch's first plus its delta; under LOG_APPEND_TIME, the batch's max timestamp.
+    appended = np.array([b.timestamp_type for b in batches], bool)
+    base_ts = np.array([b.max_timestamp if b.timestamp_type else b.first_timestamp for b in batches],
+                       np.int64)[per_record]
+    delta = np.where(appended[per_record], 0, ts_delta)
+    # -1 means none. One outside Spark's range (or a sum that int64 would wrap: hence the floats) is kept as none
     # too, rather than failing the partition on every read; the record itself is kept.
-    exact = np.where(appended, first_ts, first_ts.astype(np.float64) + ts_delta)
-    known = (stamp >= 0) & (exact >= 0) & (exact <= _MAX_MS)
-    stamp = np.where(known, stamp, 0)
+    approx = base_ts.astype(np.float64) + delta
+    known = (approx >= 0) & (approx < _END_MS)
+    stamp = np.where(known, base_ts + delta, 0)
     return pa.RecordBatch.from_arrays([
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
@@ -322,7 +323,7 @@ def rows_to_arrow(topic: str, partition: int, records: list[Any]) -> pa.RecordBa
         pa.repeat(pa.scalar(partition, pa.int32()), n),
         pa.array([r.offset for r in records], pa.int64()),
         # Kafka timestamps are epoch milliseconds; -1 (or None) means the record has none (as one out of range).
-        pa.array([r.timestamp * 1000 if r.timestamp is not None and 0 <= r.timestamp <= _MAX_MS else None
+        pa.array([r.timestamp * 1000 if r.timestamp is not None and 0 <= r.timestamp < _END_MS else None
                   for r in records], ARROW_SCHEMA.field("timestamp").type),
         pa.array([r.key for r in records], pa.binary()),
         pa.array([r.value for r in records], pa.binary()),

@@ -157,7 +157,7 @@ def test_corrupt_batches_raise_corrupt_record_error(where, what):
         lakefeed(bytes(raw), 0)
 
 
-def test_timestamps_beyond_what_microseconds_hold_are_none_and_the_records_kept():
+def test_timestamps_beyond_sparks_range_are_none_and_the_records_kept():
     far = [(10**16, None, b"a", []), (2**62, None, b"b", []), (5, None, b"c", [])]
     for batch in (Batch(2, 0, 0, far), Batch(1, 0, 0, far)):
         table, _ = lakefeed(fetch([batch])[0], 0)
