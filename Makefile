@@ -7,11 +7,11 @@ CONFIG ?= config/lakefeed.yaml
 .PHONY: run test setup lint bench
 
 run: $(VENV)/.installed
-	$(BIN)/python -c "from lakefeed.spark import check_java; check_java()"
+	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
 test: $(VENV)/.installed
-	$(BIN)/python -c "from lakefeed.spark import check_java; check_java()"
+	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest
 

@@ -97,7 +97,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def cpu_of(pid: int) -> tuple[int, float]:
     """(session id, CPU seconds incl. reaped children) of a process. A lakefeed intake process that leads a
-    session of its own (the daemon gives it one when the daemon leads its own: daemon/supervisor.py) counts
+    session of its own (the daemon gives it one when the daemon leads its own: daemon/ops/supervisor.py) counts
     in its daemon's session."""
     stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
     fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
@@ -108,9 +108,9 @@ def cpu_of(pid: int) -> tuple[int, float]:
 
 
 def is_intake(pid: int) -> bool:
-    """Whether the process is a lakefeed intake (daemon/intake.py)."""
+    """Whether the process is a lakefeed intake (daemon/intake/process.py)."""
     try:
-        return b"lakefeed.intake" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"lakefeed.intake.process" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

@@ -264,13 +264,14 @@ def _metrics(m: dict[str, Any]) -> dict[str, Any]:
 def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     from deltalake.table import TableMerger
 
-    from lakefeed import cdc, clock, log
-    from lakefeed.changelog import assemble
-    from lakefeed.commit import BatchResult, Committer, Sinks
-    from lakefeed.config import CdcConfig, EntityConfig, LocalDirSource
+    from lakefeed import clock, log
+    from lakefeed.batch import cdc
+    from lakefeed.batch.changelog import assemble
+    from lakefeed.config.model import CdcConfig, EntityConfig, LocalDirSource
+    from lakefeed.pipeline.commit import BatchResult, Committer, Sinks
 
     try:
-        from lakefeed import event_time
+        from lakefeed.batch import event_time
     except ImportError:  # lakefeed before event times
         event_time = None  # type: ignore[assignment]
     mem = Memory()

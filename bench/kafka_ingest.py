@@ -556,11 +556,12 @@ def summarize_profile(path: Path, root: int) -> dict:
 
 def components(work: Path, broker: Broker, partitions: int, batch: int, deadline: Deadline) -> dict:
     """One batch of `batch` messages through lakefeed's own code, in this process, without Spark."""
-    from lakefeed import config as lakefeed_config
-    from lakefeed import log, messages
-    from lakefeed.commit import Sinks
-    from lakefeed.connectors.kafka_source import _KafkaStreamReader, _Options, _TopicRange
-    from lakefeed.pipeline import EntityPipeline
+    from lakefeed import log
+    from lakefeed.batch import messages
+    from lakefeed.config import model as lakefeed_config
+    from lakefeed.connectors.sources.kafka_source import _KafkaStreamReader, _Options, _TopicRange
+    from lakefeed.pipeline.commit import Sinks
+    from lakefeed.pipeline.entity import EntityPipeline
 
     log.configure("WARNING", json=True)  # lakefeed logs to stderr; stdout is for the report
     work.mkdir(parents=True)

@@ -78,10 +78,10 @@ from _common import (  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from lakefeed import config as lakefeed_config
-from lakefeed.push_api import ROUTE, token_hash
-from lakefeed.records import decode, validate
-from lakefeed.spool import encode
+from lakefeed.config import model as lakefeed_config
+from lakefeed.inbox.spool import encode
+from lakefeed.intake.push_api import ROUTE, token_hash
+from lakefeed.intake.records import decode, validate
 
 ENTITY = "bench"
 SOURCE = "api"

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from lakefeed import spark as spark_module
-from lakefeed.config import SparkConfig
+from lakefeed.config.model import SparkConfig
+from lakefeed.ops import spark as spark_module
 
 SCHEMA = pa.schema([("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
                     ("category", pa.string())])

@@ -74,10 +74,10 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lakefeed import log
-from lakefeed.config_sources import S3Source, S3Storage
-from lakefeed.connectors.s3_landing import S3Landing
-from lakefeed.inbox import Inbox
-from lakefeed.storage import Storage
+from lakefeed.config.sources import S3Source, S3Storage
+from lakefeed.connectors.sources.s3_landing import S3Landing
+from lakefeed.inbox.files import Inbox
+from lakefeed.inbox.storage import Storage
 
 BUCKET = "landing"
 PREFIX = "sales/"

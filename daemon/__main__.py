@@ -1,3 +1,3 @@
-from lakefeed.cli import main
+from lakefeed.ops.cli import main
 
 raise SystemExit(main())

@@ -77,8 +77,8 @@ def land(path: Path, text: str) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    from lakefeed import spark as spark_module
-    from lakefeed.config import SparkConfig
+    from lakefeed.config.model import SparkConfig
+    from lakefeed.ops import spark as spark_module
 
     session = spark_module.session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "1"}))
     yield session

@@ -13,9 +13,9 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed import config
-from lakefeed.inbox import FileEvent
-from lakefeed.verify import verify
+from lakefeed.config import model as config
+from lakefeed.inbox.files import FileEvent
+from lakefeed.pipeline.verify import verify
 from tests.cdc_model import Model
 from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _prepared
@@ -182,7 +182,7 @@ def test_dataverse_style_upsert_and_delete_partitions_out_of_order(tmp_path):
 def test_verify_command_detects_a_changelog_that_does_not_replay(tmp_path, capsys):
     from deltalake import write_deltalake
 
-    from lakefeed import cli
+    from lakefeed.ops import cli
 
     lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
     row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from lakefeed import cli, config
+from lakefeed.config import model as config
 from lakefeed.errors import ConfigError
+from lakefeed.ops import cli
 from tests.conftest import entity_yaml, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,10 +94,10 @@ def test_config_schema_command_prints_json_schema(capsys):
 
 
 def test_shipped_example_configs_are_valid_and_their_manifests_drive_discovery():
-    from lakefeed.connectors import cdm_manifest
-    from lakefeed.discovery import Discovery
-    from lakefeed.manifests import schema_document
-    from lakefeed.schema import from_entity_document
+    from lakefeed.batch.discovery import Discovery
+    from lakefeed.batch.schema import from_entity_document
+    from lakefeed.connectors.sinks import cdm_manifest
+    from lakefeed.manifests.cdm import schema_document
 
     cfg = config.load(REPO / "config" / "examples" / "dataverse.yaml")
     account = cfg.entity("account")
@@ -139,7 +140,7 @@ def test_push_sources_store_token_hashes_and_need_a_usable_event_time(tmp_path):
 
 
 def test_default_config_pushes_on_loopback_with_the_documented_dev_token():
-    from lakefeed.push_api import token_hash
+    from lakefeed.intake.push_api import token_hash
 
     cfg = config.load(REPO / "config" / "lakefeed.yaml")
     assert cfg.http.host == "127.0.0.1"

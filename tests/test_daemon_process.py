@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lakefeed.connectors import cdm_manifest
+from lakefeed.connectors.sinks import cdm_manifest
 from tests.conftest import entity_yaml, land, wait_for, write_config
 
 ROWS_PER_FILE = 40
@@ -190,8 +190,8 @@ def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, po
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
-    from lakefeed import config as config_module
-    from lakefeed.verify import verify
+    from lakefeed.config import model as config_module
+    from lakefeed.pipeline.verify import verify
 
     cfg = config_module.load(config).entities[0]
     assert verify(cfg) == []  # offsets dense, the changelog replays to the table

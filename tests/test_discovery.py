@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed.discovery import Discovery, Partition, glob_to_regex, match_pattern, pattern_from_json
+from lakefeed.batch.discovery import Discovery, Partition, glob_to_regex, match_pattern, pattern_from_json
 from tests import cdm_sdk
 
 

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 from deltalake import DeltaTable
 
-from lakefeed import cli, config
-from lakefeed.inbox import FileEvent
+from lakefeed.config import model as config
+from lakefeed.inbox.files import FileEvent
+from lakefeed.ops import cli
 from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _prepared
 

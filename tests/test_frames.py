@@ -8,9 +8,11 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakefeed import cdc, clock, config, event_time, frames
-from lakefeed.read import conform
-from lakefeed.spool import Pending, Spool, encode, read_entry
+from lakefeed import clock
+from lakefeed.batch import cdc, event_time, frames
+from lakefeed.batch.read import conform
+from lakefeed.config import model as config
+from lakefeed.inbox.spool import Pending, Spool, encode, read_entry
 from tests.conftest import write_config
 
 CHECKED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

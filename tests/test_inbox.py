@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from lakefeed.inbox import FileEvent, Inbox, InboxReader
+from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
 
 
 def test_offer_is_durable_dense_and_never_enqueues_an_identity_twice(tmp_path):

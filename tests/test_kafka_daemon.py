@@ -19,8 +19,8 @@ from deltalake import DeltaTable
 from kafka import KafkaProducer
 from moto.server import ThreadedMotoServer
 
-from lakefeed import config as config_module
-from lakefeed.verify import verify
+from lakefeed.config import model as config_module
+from lakefeed.pipeline.verify import verify
 from tests.conftest import wait_for, write_config
 from tests.kafka_broker import (
     Broker,

@@ -1,4 +1,4 @@
-"""Kafka records decoded a fetch at a time (connectors/kafka_records.py) against kafka-python's own decoding,
+"""Kafka records decoded a fetch at a time (connectors/sources/kafka_records.py) against kafka-python's own decoding,
 record by record: the model. Fetches are built with kafka-python's record builders, as a broker sends them."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 from kafka.record.util import calc_crc32c
 from kafka.structs import TopicPartition
 
-from lakefeed.connectors.kafka_records import ARROW_SCHEMA, ArrowPartitionRecords, rows_to_arrow
+from lakefeed.connectors.sources.kafka_records import ARROW_SCHEMA, ArrowPartitionRecords, rows_to_arrow
 
 TP = TopicPartition("orders", 3)
 GZIP = 1

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from lakefeed.connectors.kafka_records import ARROW_SCHEMA
-from lakefeed.connectors.kafka_source import (
+from lakefeed.connectors.sources.kafka_records import ARROW_SCHEMA
+from lakefeed.connectors.sources.kafka_source import (
     _MIN_SPLIT,
     FORMAT,
     KafkaDataSource,

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from lakefeed.connectors.local_dir import LocalDirSource, being_written
-from lakefeed.inbox import Inbox, InboxReader
+from lakefeed.connectors.sources.local_dir import LocalDirSource, being_written
+from lakefeed.inbox.files import Inbox, InboxReader
 from tests.conftest import wait_for
 
 

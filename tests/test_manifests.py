@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lakefeed.discovery import Partition
-from lakefeed.manifests import apply, partition_record
+from lakefeed.batch.discovery import Partition
+from lakefeed.manifests.cdm import apply, partition_record
 
 
 def _rec(location, mtime, kind=None, pattern="p", explicit=False, args=None):

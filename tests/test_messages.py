@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed import cdc, messages
-from lakefeed.config import KafkaSource
-from lakefeed.connectors.kafka_records import ARROW_SCHEMA
-from lakefeed.read import BadRow, from_rows
+from lakefeed.batch import cdc, messages
+from lakefeed.batch.read import BadRow, from_rows
+from lakefeed.config.model import KafkaSource
+from lakefeed.connectors.sources.kafka_records import ARROW_SCHEMA
 
 EVERY_COLUMN = KafkaSource(name="s", bootstrap_servers="b:9092", topics=("t",),
                            metadata_columns=("topic", "partition", "offset", "timestamp", "key", "headers"))

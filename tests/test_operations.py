@@ -20,7 +20,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from lakefeed.push_api import token_hash
+from lakefeed.intake.push_api import token_hash
 from tests.conftest import entity_yaml, land, wait_for, write_config
 from tests.test_daemon_process import Daemon
 

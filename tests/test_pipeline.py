@@ -8,12 +8,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from lakefeed import config
-from lakefeed.commit import Sinks
-from lakefeed.connectors import cdm_manifest
+from lakefeed.config import model as config
+from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
-from lakefeed.inbox import FileEvent, Inbox
-from lakefeed.pipeline import EntityPipeline
+from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.pipeline.commit import Sinks
+from lakefeed.pipeline.entity import EntityPipeline
 from tests.conftest import entity_yaml, land, write_config
 
 

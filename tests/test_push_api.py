@@ -17,13 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from lakefeed import config, openapi
-from lakefeed.commit import Sinks
+from lakefeed.config import model as config
 from lakefeed.errors import TerminalError
-from lakefeed.http_server import HttpServer
-from lakefeed.pipeline import EntityPipeline
-from lakefeed.push_api import Endpoint, PushApi, token_hash
-from lakefeed.spool import Pending, Spool, SpoolEnd, SpoolReader
+from lakefeed.inbox.spool import Pending, Spool, SpoolEnd, SpoolReader
+from lakefeed.intake import openapi
+from lakefeed.intake.http_server import HttpServer
+from lakefeed.intake.push_api import Endpoint, PushApi, token_hash
+from lakefeed.pipeline.commit import Sinks
+from lakefeed.pipeline.entity import EntityPipeline
 from tests.conftest import write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -330,7 +331,7 @@ def test_a_spool_has_one_writer_at_a_time(tmp_path):
     with pytest.raises(TerminalError, match="held by another writer"):
         Spool(folder, segment_bytes=1 << 20, ttl_s=60, lock_timeout_s=0.2)
     # Another process is kept out as well (an intake that outlived its daemon for a moment).
-    probe = ("import sys; from lakefeed.spool import Spool\n"
+    probe = ("import sys; from lakefeed.inbox.spool import Spool\n"
              "try: Spool(__import__('pathlib').Path(sys.argv[1]), 1 << 20, 60, lock_timeout_s=0.2)\n"
              "except Exception as exc: print(type(exc).__name__)")
     held = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, text=True, check=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from lakefeed import config as config_module
-from lakefeed.push_api import token_hash
-from lakefeed.verify import verify
+from lakefeed.config import model as config_module
+from lakefeed.intake.push_api import token_hash
+from lakefeed.pipeline.verify import verify
 from tests.conftest import wait_for, write_config
 from tests.test_daemon_process import Daemon
 

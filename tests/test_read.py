@@ -3,8 +3,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakefeed.config import CsvFormat, JsonFormat, ParquetFormat
-from lakefeed.read import read_file
+from lakefeed.batch.read import read_file
+from lakefeed.config.model import CsvFormat, JsonFormat, ParquetFormat
 
 
 def test_csv_rows_with_wrong_column_count_are_bad_rows_with_their_line(tmp_path):

@@ -16,9 +16,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed import config
-from lakefeed.records import Rejected, _plain, accept, decode, validate
-from lakefeed.spool import encode
+from lakefeed.config import model as config
+from lakefeed.inbox.spool import encode
+from lakefeed.intake.records import Rejected, _plain, accept, decode, validate
 from tests.conftest import write_config
 
 TYPES = [pa.int64(), pa.int32(), pa.int8(), pa.float64(), pa.string(), pa.bool_(), pa.timestamp("us", tz="UTC"),

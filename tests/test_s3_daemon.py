@@ -16,7 +16,7 @@ from urllib.parse import quote_plus
 import pytest
 from deltalake import DeltaTable
 
-from lakefeed.push_api import token_hash
+from lakefeed.intake.push_api import token_hash
 from tests import s3_server
 from tests.conftest import wait_for, write_config
 from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakefeed.connectors.s3_events import (
+from lakefeed.connectors.sources.s3_events import (
     ObjectEvent,
     Rejected,
     Scope,

@@ -9,13 +9,13 @@ from urllib.parse import quote_plus
 
 import pytest
 
-from lakefeed import config
-from lakefeed.config_sources import S3Source, S3Storage
-from lakefeed.connectors.s3_events import parse
-from lakefeed.connectors.s3_landing import S3Landing
+from lakefeed.config import model as config
+from lakefeed.config.sources import S3Source, S3Storage
+from lakefeed.connectors.sources.s3_events import parse
+from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, TerminalError
-from lakefeed.inbox import Inbox, InboxReader
-from lakefeed.storage import Mirror, Storage
+from lakefeed.inbox.files import Inbox, InboxReader
+from lakefeed.inbox.storage import Mirror, Storage
 from tests import s3_server
 from tests.conftest import write_config
 

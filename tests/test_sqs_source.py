@@ -14,10 +14,10 @@ from typing import Any
 import botocore.exceptions as boto_errors
 import pytest
 
-from lakefeed.connectors.s3_events import ObjectEvent, Scope, latest_per_key
-from lakefeed.connectors.sqs_source import SqsSource, transient
+from lakefeed.connectors.sources.s3_events import ObjectEvent, Scope, latest_per_key
+from lakefeed.connectors.sources.sqs_source import SqsSource, transient
 from lakefeed.errors import TerminalError
-from lakefeed.inbox import FileEvent, Inbox, InboxReader
+from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
 from tests import s3_server
 from tests.conftest import wait_for
 from tests.test_s3_events import MOTO_PUT, MOTO_TEST_EVENT

@@ -12,12 +12,12 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed import config
-from lakefeed.connectors import cdm_manifest
-from lakefeed.inbox import FileEvent
-from lakefeed.metrics import Metrics
-from lakefeed.runner import EntityRunner
-from lakefeed.verify import verify
+from lakefeed.config import model as config
+from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.inbox.files import FileEvent
+from lakefeed.ops.metrics import Metrics
+from lakefeed.ops.runner import EntityRunner
+from lakefeed.pipeline.verify import verify
 from tests import cdm_sdk
 from tests.cdc_model import Model
 from tests.conftest import land, wait_for, write_config

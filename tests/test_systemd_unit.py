@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefeed.config import LakefeedConfig
+from lakefeed.config.model import LakefeedConfig
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "systemd" / "lakefeed.service"

@@ -1,0 +1,68 @@
+"""The contract of a table sink.
+
+A TableSink is a table that commits idempotently: a commit carries an application
+transaction (app_id, version) and a replayed one is recognised and skipped.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import pyarrow as pa
+
+from lakefeed.batch.cdc import MergePlan
+
+
+class TableSink(ABC):
+    @abstractmethod
+    def committed_version(self, app_id: str) -> int | None:
+        """The last transaction version committed by `app_id`, or None."""
+
+    @abstractmethod
+    def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        """Append `data` (possibly empty) in one commit recording (app_id, version) and `metadata`."""
+
+    @abstractmethod
+    def schema(self) -> pa.Schema | None:
+        """The table's schema, or None while the table does not exist."""
+
+    @abstractmethod
+    def max_of(self, column: str) -> Any:
+        """The largest value of a column, from file statistics; None for an empty table."""
+
+    @abstractmethod
+    def commits_after(self, version: int) -> list[dict[str, Any]]:
+        """Commit infos (with their custom metadata) of versions greater than `version`, oldest first."""
+
+    @abstractmethod
+    def version(self) -> int | None: ...
+
+    @abstractmethod
+    def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        """Apply a reduced batch (one row per key, with `__kind`) in one commit; return the table version.
+
+        The commit records (app_id, version) and `metadata` even when the merge changes nothing.
+        """
+
+    @abstractmethod
+    def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
+        """SCD type 2 in one commit: `__h` close rows end the key's current version at `__at`; open rows
+        add a version valid from `__at`. Columns: the data, valid_from, valid_to, is_current."""
+
+    @abstractmethod
+    def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
+        """The rows of `keys` that the table holds, with the table's `columns` beside the key columns."""
+
+    @abstractmethod
+    def changes(self, table_version: int) -> pa.Table:
+        """What one commit changed, as change data rows with `_change_type`
+        (insert, delete, update_preimage, update_postimage)."""
+
+    @abstractmethod
+    def latest_metadata(self, key: str, app_id: str, before: int) -> str | None:
+        """The newest commit metadata value of `key`, ignoring commits of `app_id` for versions >= `before`."""
+
+    @abstractmethod
+    def version_of(self, app_id: str, version: int) -> int | None:
+        """The table version whose commit recorded (app_id, version), if it is still in the log."""

@@ -1,0 +1,187 @@
+"""A local landing folder as a source: inotify events through watchdog, plus listings.
+
+Any event on a file (closed after writing, renamed into place, moved in from outside the
+watched tree, created by a copy of a whole folder) puts it on a short wait; once it has been
+quiet for `quiet_s` it is enqueued if nobody has it open for writing, which a read lease
+tells (F_SETLEASE is refused exactly then). A file still being written waits for its close
+event. Where leases are not available (another owner, a network file system) a file counts
+as finished once its mtime is `settle_s` old. A listing at start-up and every
+`reconcile_interval_s` enqueues files whose events were missed or that landed while the
+daemon was down. Names starting with `.` or `_`, temporary suffixes and CDM documents are
+never data.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+
+from lakefeed import log
+from lakefeed.connectors.sources.base import Source
+from lakefeed.inbox.files import FileEvent, Inbox
+
+_IGNORED_SUFFIXES = (".tmp", ".temp", ".partial", "._COPYING_", ".crc", ".cdm.json")
+_log = log.get(__name__)
+# When a tree is copied in, watchdog may add a new folder to its recursive watch twice (its create event and its
+# own walk race); it keeps one callback, as intended, but says so with a RuntimeWarning in its thread.
+warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
+
+
+def is_data_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return not (name.startswith((".", "_")) or name.endswith(_IGNORED_SUFFIXES) or name == "model.json")
+
+
+def being_written(path: str) -> bool | None:
+    """True if some process has the file open for writing, False if not, None if we cannot tell.
+
+    A read lease (F_SETLEASE) is refused with EAGAIN exactly when the file is open for writing.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    except OSError as exc:
+        return True if exc.errno in (errno.EAGAIN, errno.EBUSY) else None
+    finally:
+        os.close(fd)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, source: LocalDirSource) -> None:
+        self._source = source
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory:
+            return
+        if isinstance(event, FileMovedEvent):
+            self._source.note(str(event.dest_path))
+        elif isinstance(event, FileClosedEvent | FileCreatedEvent):
+            self._source.note(str(event.src_path))
+        elif isinstance(event, FileModifiedEvent):
+            self._source.touch(str(event.src_path))
+
+
+class LocalDirSource(Source):
+    def __init__(self, entity: str, root: Path, inbox: Inbox, reconcile_interval_s: float,
+                 excluded: tuple[Path, ...] = (), quiet_s: float = 0.2, settle_s: float = 2.0) -> None:
+        self.entity = entity
+        self.root = root
+        self._inbox = inbox
+        self._interval = reconcile_interval_s
+        self._excluded = tuple(str(p) + os.sep for p in excluded)
+        self._quiet_s = quiet_s
+        self._settle_s = settle_s
+        self._pending: dict[str, float] = {}  # path -> when it is due for a look
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._observer = Observer()
+        self._thread = threading.Thread(target=self._loop, name=f"source-{entity}", daemon=True)
+
+    def _wanted(self, path: str) -> bool:
+        return is_data_file(path) and not path.startswith(self._excluded)
+
+    def note(self, path: str) -> None:
+        """Something happened to a file: look at it once it has been quiet for quiet_s.
+
+        The short wait lets `cp -p`, rsync and the like set the final mtime after closing the
+        file, so one landing is one identity, not two.
+        """
+        if self._wanted(path):
+            with self._lock:
+                self._pending[path] = time.monotonic() + self._quiet_s
+
+    def touch(self, path: str) -> None:
+        """A write or attribute change: postpone the look at a file that is already due for one."""
+        with self._lock:
+            if path in self._pending:
+                self._pending[path] = time.monotonic() + self._quiet_s
+
+    def _look(self, path: str) -> FileEvent | None:
+        """The file if nobody writes it; None if it is gone, still written, or must settle longer."""
+        try:
+            writing = being_written(path)
+            event = FileEvent.of(path)
+        except FileNotFoundError:
+            return None
+        if writing is None:  # no lease here: wait until size and mtime stood still for settle_s
+            age_ns = time.time_ns() - event.mtime_ns
+            if age_ns < self._settle_s * 1e9:
+                with self._lock:
+                    self._pending[path] = time.monotonic() + self._settle_s - age_ns / 1e9
+                return None
+        return event if not writing else None  # a writer still has it: its close event comes
+
+    def _offer(self, events: list[FileEvent]) -> int:
+        added = self._inbox.offer(events)
+        for rec in added:
+            _log.info("file.enqueued", entity=self.entity, file=rec.path, offset=rec.offset, size=rec.size)
+        return len(added)
+
+    def _due(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p, t in self._pending.items() if t <= now]
+            for path in due:
+                del self._pending[path]
+        events = [e for e in map(self._look, due) if e is not None]
+        if events and not self._stop.is_set():
+            self._offer(events)
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._observer.schedule(_Handler(self), str(self.root), recursive=True)
+        self._observer.start()
+        # After the observer is watching, so a file landing now is seen by one or the other.
+        found = self.reconcile()
+        _log.info("source.started", entity=self.entity, root=str(self.root), backlog_found=found)
+        self._thread.start()
+
+    def reconcile(self) -> int:
+        """Enqueue finished files the inbox has not seen; files still being written wait for their close."""
+        finished = []
+        for folder, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+            for name in files:
+                path = os.path.join(folder, name)
+                if self._wanted(path) and (event := self._look(path)) is not None:
+                    finished.append(event)
+        finished.sort(key=lambda e: (e.mtime_ns, e.path))
+        return self._offer(finished)
+
+    def _loop(self) -> None:
+        next_listing = time.monotonic() + self._interval
+        while not self._stop.wait(min(0.05, self._quiet_s / 2)):
+            self._due()
+            if time.monotonic() < next_listing:
+                continue
+            next_listing = time.monotonic() + self._interval
+            try:
+                found = self.reconcile()
+            except OSError as exc:
+                _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
+                continue
+            if found:
+                _log.warning("source.missed_events", entity=self.entity, files=found)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._observer.is_alive():
+            self._observer.stop()
+            self._observer.join(timeout=10)

@@ -1,0 +1,157 @@
+"""A bucket prefix as an entity's landing place: event notifications, and listings that catch lost ones.
+
+Every transport (SQS, the daemon's webhook route, a Kafka topic of MinIO events) hands its
+parsed events to `deliver`, which returns once they are durable in the inbox: the transport
+acknowledges (deletes the message, answers the POST, commits the offset) only then. A created
+object is looked up (HEAD) so that its identity is the one a listing gives (storage.py); an
+object gone by then is skipped, its removal event follows. A removal is an inbox record too,
+so the manifest drops the partition in commit order.
+
+A listing at start-up covers the whole prefix. Later ones, every `reconcile_interval_s`, start
+after the key prefix `dated_prefix` gives for now - `listing_lookback_s` when the layout is
+dated, so their cost follows the recent keys, not the bucket's history. Whatever a listing
+finds that the inbox has not seen was never notified: it is enqueued, logged at WARNING and
+counted (`on_found`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from lakefeed import clock, log
+from lakefeed.config.sources import KafkaNotifications, S3Source, SqsNotifications
+from lakefeed.connectors.sources.base import Source
+from lakefeed.connectors.sources.local_dir import is_data_file
+from lakefeed.connectors.sources.s3_events import ObjectEvent, Scope, latest_per_key
+from lakefeed.connectors.sources.sqs_source import SqsSource
+from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.inbox.storage import Storage, whole_seconds_ns
+
+_log = log.get(__name__)
+
+
+class S3Landing(Source):
+    def __init__(self, entity: str, source: S3Source, inbox: Inbox, storage: Storage, state: Path,
+                 excluded: tuple[str, ...] = (), on_found: Callable[[int], None] = lambda n: None) -> None:
+        self.entity = entity
+        self.source = source
+        self.scope = Scope.of(source.bucket, source.prefix)
+        self.poison_file = state / "poison.jsonl"
+        self._inbox = inbox
+        self._storage = storage
+        self._excluded = tuple(e.rstrip("/") + "/" for e in excluded)
+        self._on_found = on_found
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"source-{entity}-listing", daemon=True)
+        self.transports: list[Source] = [self._transport(n) for n in source.notifications
+                                         if isinstance(n, SqsNotifications | KafkaNotifications)]
+
+    def _transport(self, n: SqsNotifications | KafkaNotifications) -> Source:
+        if isinstance(n, SqsNotifications):
+            creds = self._storage.credentials
+            return SqsSource(self.entity, n.queue_url, self.scope, deliver=self.deliver,
+                             region=self._storage.cfg.region, endpoint_override=self._storage.cfg.endpoint_override,
+                             access_key_id=creds.access_key, secret_access_key=creds.secret_key,
+                             session_token=creds.token, dead_letter_url=n.dead_letter_url,
+                             poison_file=self.poison_file, wait_time_s=n.wait_time_s,
+                             visibility_timeout_s=n.visibility_timeout_s)
+        from lakefeed.connectors.sources.kafka_events import KafkaEvents  # kafka-python only when configured
+
+        return KafkaEvents(self.entity, n, self.scope, deliver=self.deliver, set_aside=self.set_aside)
+
+    def wanted(self, key: str) -> bool:
+        """Data, not lakefeed's own output or a hidden or temporary object."""
+        relative = key.removeprefix(self.source.prefix)
+        if f"s3://{self.source.bucket}/{key}".startswith(self._excluded):
+            return False
+        return is_data_file(key) and not any(s.startswith((".", "_")) for s in relative.split("/")[:-1])
+
+    def deliver(self, events: list[ObjectEvent]) -> int:
+        """Make the outcome of these events durable in the inbox; return how many records were new."""
+        wanted: list[FileEvent] = []
+        for ev in latest_per_key(events):
+            if not self.wanted(ev.key):
+                _log.info("object.ignored", entity=self.entity, file=ev.uri, reason="not a data file")
+            elif ev.kind == "removed":
+                wanted.append(FileEvent(ev.uri, 0, whole_seconds_ns(ev.event_time),
+                                        ev.version_id or ev.sequencer or "", removed=True))
+            elif (now := self._storage.head(ev.uri)) is None:
+                _log.info("object.gone", entity=self.entity, file=ev.uri, reason="removed before it was "
+                          "looked at; its removal event follows")
+            else:
+                wanted.append(now)
+        return self._offer(wanted)
+
+    def _offer(self, events: list[FileEvent]) -> int:
+        added = self._inbox.offer(events) if events else []  # the inbox skips identities it has
+        for rec in added:
+            _log.info("object.removed" if rec.removed else "file.enqueued", entity=self.entity, file=rec.path,
+                      offset=rec.offset, size=rec.size)
+        return len(added)
+
+    def reconcile(self, narrowed: bool = False) -> int:
+        """List the prefix (only its recent part if `narrowed` and the layout is dated); enqueue the unseen.
+
+        The listing runs while notifications keep arriving: an object both report is one identity, and
+        an older identity listed after a rewrite was notified is skipped when read (superseded)."""
+        start_after = self.start_after() if narrowed else ""
+        bucket = f"s3://{self.source.bucket}/"
+        listed = [e for e in self._storage.list(self.source.bucket, self.source.prefix, start_after)
+                  if self.wanted(e.path.removeprefix(bucket))]
+        found = self._offer(sorted(listed, key=lambda e: (e.mtime_ns, e.path)))
+        _log.info("source.listed", entity=self.entity, prefix=self.source.root, start_after=start_after or None,
+                  objects=len(listed), found=found)
+        return found
+
+    def start_after(self) -> str:
+        """The key a narrowed listing starts after: the dated prefix of now - lookback (everything from
+        that day on sorts after it), or '' when the layout is not dated."""
+        if not self.source.dated_prefix:
+            return ""
+        since = datetime.now(UTC) - timedelta(seconds=self.source.listing_lookback_s)
+        return self.source.prefix + since.strftime(self.source.dated_prefix)
+
+    def start(self) -> None:
+        _log.info("source.starting", entity=self.entity, root=self.source.root, **self._storage.describe())
+        for transport in self.transports:
+            transport.start()
+        # After the transports listen, so an object landing now is seen by one or the other.
+        self._report(self.reconcile())
+        self._thread.start()
+
+    def _report(self, found: int) -> None:
+        if found:
+            _log.warning("source.missed_events", entity=self.entity, files=found,
+                         reason="the listing found objects no notification announced")
+            self._on_found(found)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.source.reconcile_interval_s):
+            try:
+                self._report(self.reconcile(narrowed=True))
+            except Exception as exc:  # the store may be down for a while; the next listing tries again
+                _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for transport in self.transports:
+            transport.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def set_aside(self, origin: str, reason: str, body: str) -> None:
+        """Keep an unusable notification with the reason, durably, in the entity's poison.jsonl."""
+        line = {"at": clock.to_cdm(clock.now()), "entity": self.entity, "origin": origin, "reason": reason,
+                "body": body}
+        self.poison_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.poison_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _log.warning("notification.set_aside", entity=self.entity, origin=origin, reason=reason,
+                     file=str(self.poison_file))

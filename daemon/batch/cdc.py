@@ -1,0 +1,213 @@
+"""The CDC engine: a batch of rows → one final change per key → a merge plan → ODF changelog rows.
+
+Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__order`
+(inbox offset and row number: arrival order). A batch is reduced to one change per key:
+the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
+keeps the first row of a key instead, snapshot keeps the batch's last snapshot file). The
+table sink applies the reduced batch in one MERGE; what the merge changed (the table's
+change data feed) becomes the changelog: insert → 0 append (+A), delete → 1 retract (-R,
+with the old row), update → 2 correct-from (-C, old values) immediately followed by
+3 correct-to (+C, new values).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed.batch.changelog import assemble
+from lakefeed.batch.event_time import EVENT_TIME
+from lakefeed.batch.read import BadRow
+from lakefeed.config.model import CdcConfig
+
+KIND, ORDER = "__kind", "__order"
+ROWS_PER_SOURCE = 1_000_000_000  # ORDER = source offset * this + row number
+OP_APPEND, OP_RETRACT, OP_CORRECT_FROM, OP_CORRECT_TO = 0, 1, 2, 3
+_OPS = {"insert": OP_APPEND, "delete": OP_RETRACT, "update_preimage": OP_CORRECT_FROM,
+        "update_postimage": OP_CORRECT_TO}
+INCREMENTAL_KINDS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Upsert": "upsert",
+                     "UpsertAndDelete": "upsert_and_delete"}
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """What the table sink must do with a reduced batch; the sink turns it into its engine's MERGE."""
+
+    keys: tuple[str, ...]
+    sequence: tuple[str, ...]
+    compare: tuple[str, ...]  # a matched row changes only if one of these differs
+    snapshot: bool  # rows are the whole state: keys not in the batch are deleted
+    insert_updates_of_absent: bool
+
+
+def file_kind(cfg: CdcConfig, incremental_type: str | None) -> str:
+    """The change kind of a file's rows: its CDM incremental type when it has one, else the strategy's."""
+    if incremental_type is not None:
+        return INCREMENTAL_KINDS[incremental_type]
+    return {"ledger": "insert", "snapshot": "snapshot"}.get(cfg.strategy, cfg.strategy)
+
+
+def tag(table: pa.Table, kind: str, offset: int) -> pa.Table:
+    """Rows of one source (file, frame, batch) at `offset`: ordered by that offset, then by row."""
+    return tag_rows(table, kind, np.arange(table.num_rows, dtype=np.int64) + offset * ROWS_PER_SOURCE)
+
+
+def tag_rows(table: pa.Table, kind: str, order: np.ndarray) -> pa.Table:
+    kinds = pa.repeat(pa.scalar(kind, pa.string()), table.num_rows)
+    return table.append_column(KIND, kinds).append_column(ORDER, pa.array(order, pa.int64()))
+
+
+def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """Per-row kinds for upsert_and_delete (delete marker) and changelog (op column); bad rows out."""
+    kinds = data.column(KIND).to_pylist()
+    bad_rows: dict[int, str] = {}
+    if "upsert_and_delete" in kinds:
+        marker = data.column(cfg.delete_column).cast(pa.string()).to_pylist() \
+            if cfg.delete_column in data.column_names else [None] * data.num_rows
+        kinds = ["delete" if k == "upsert_and_delete" and str(m) in cfg.delete_values else
+                 "upsert" if k == "upsert_and_delete" else k for k, m in zip(kinds, marker, strict=True)]
+    if "changelog" in kinds:
+        ops = data.column(cfg.op_column).cast(pa.string()).to_pylist() \
+            if cfg.op_column in data.column_names else [None] * data.num_rows
+        for i, (k, op) in enumerate(zip(kinds, ops, strict=True)):
+            if k == "changelog":
+                kinds[i] = cfg.op_values.get(op or "", "")
+                if not kinds[i]:
+                    bad_rows[i] = f"unknown operation {op!r} in column {cfg.op_column!r}"
+    for name in (*cfg.primary_key, *cfg.sequence_by):
+        if name not in data.column_names:
+            return data.slice(0, 0), _bad(data, dict.fromkeys(range(data.num_rows), f"column {name!r} is missing"))
+        for i in np.flatnonzero(data.column(name).is_null().to_numpy(zero_copy_only=False)):
+            bad_rows.setdefault(int(i), f"{'key' if name in cfg.primary_key else 'sequence'} column {name!r} is null")
+    data = data.set_column(data.schema.get_field_index(KIND), KIND, pa.array(kinds, pa.string()))
+    if not bad_rows:
+        return data, []
+    keep = np.ones(data.num_rows, dtype=bool)
+    keep[list(bad_rows)] = False
+    return data.filter(pa.array(keep)), _bad(data, bad_rows)
+
+
+def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
+    """Every row of `data` as a quarantined row with the same reason."""
+    return _bad(data, dict.fromkeys(range(data.num_rows), reason))
+
+
+def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
+    out = []
+    visible = [c for c in data.column_names if c != "source_file" and not c.startswith("__")]
+    for i, reason in sorted(reasons.items()):
+        row = data.slice(i, 1).to_pylist()[0]
+        raw = json.dumps({k: None if row[k] is None else str(row[k]) for k in visible})
+        out.append((row.get("source_file") or "", BadRow(None, reason, raw)))
+    return out
+
+
+def reduce(data: pa.Table, cfg: CdcConfig, snapshot_file: str | None = None) -> pa.Table:
+    """One row per key: the winning change of the batch.
+
+    With a snapshot strategy, `snapshot_file` is the batch's last snapshot file: it is the
+    whole state (even when empty), and earlier snapshots in the batch are superseded.
+    """
+    if cfg.strategy == "snapshot":
+        data = data.filter(pc.equal(data.column("source_file"), snapshot_file or ""))
+    first_wins = cfg.strategy == "ledger"
+    sort = [(k, "ascending") for k in cfg.primary_key]
+    sort += [(c, "ascending") for c in cfg.sequence_by] + [(ORDER, "ascending")]
+    data = data.sort_by(sort)
+    n = data.num_rows
+    if n == 0:
+        return data
+    new_key = np.zeros(n, dtype=bool)
+    for k in cfg.primary_key:
+        col = data.column(k).combine_chunks()
+        new_key[1:] |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    new_key[0] = True
+    if first_wins:
+        return data.filter(pa.array(new_key))
+    last = np.append(new_key[1:], True)
+    return data.filter(pa.array(last))
+
+
+def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
+    keys = cfg.primary_key
+    compare = cfg.compare_columns or tuple(c for c in data_columns if c not in keys)
+    return MergePlan(keys, cfg.sequence_by, compare, cfg.strategy == "snapshot", cfg.update_of_absent == "insert")
+
+
+def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], first_offset: int, batch_id: int,
+                   system_time: datetime) -> pa.Table:
+    """Changelog rows from a merge's change data (`_change_type`), in key order, -C right before +C."""
+    codes = pc.index_in(changes.column("_change_type"), value_set=pa.array(list(_OPS))).to_numpy(zero_copy_only=False)
+    ops = pa.array(np.array(list(_OPS.values()), dtype=np.int8)[codes])
+    data = changes.drop_columns([c for c in changes.column_names if c.startswith("_change") or c.startswith("_commit")])
+    data = data.append_column("__op", ops).sort_by([(k, "ascending") for k in keys] + [("__op", "ascending")])
+    # A key's retract and correction pair sort as (1) or (2, 3); an append (0) never shares a key with them.
+    ops = data.column("__op")
+    data = data.drop_columns(["__op"])
+    n = data.num_rows
+    # A change's event time and file are those of the batch row that caused it; a key a snapshot
+    # dropped has no row, so its retraction takes the system time.
+    provenance = source.select([*keys, "source_file", EVENT_TIME])
+    joined = data.select(list(keys)).append_column("__row", pa.array(np.arange(n))).join(
+        provenance, keys=list(keys), join_type="left outer").sort_by("__row")
+    system = pa.array(np.full(n, int(system_time.timestamp() * 1_000_000), dtype="datetime64[us]")).cast(_TS)
+    event = pc.coalesce(joined.column(EVENT_TIME), system)
+    front = pa.table({
+        "offset": pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        "op": ops, "system_time": system, "event_time": event,
+    })
+    return assemble(front, data, joined.column("source_file"), batch_id)
+
+
+def unwrap_debezium(table: pa.Table) -> pa.Table:
+    """Debezium envelopes to rows: a delete's fields from `before`, every other op's from `after`;
+    `op` kept, `ts_ms` (epoch milliseconds) as a UTC timestamp."""
+    n = table.num_rows
+    is_delete = pc.fill_null(pc.equal(table.column("op"), "d"), False)
+    sides = {}
+    for side in ("before", "after"):
+        column = table.column(side) if side in table.column_names else pa.nulls(n)
+        sides[side] = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    names: list[str] = []
+    for side in sides.values():
+        if pa.types.is_struct(side.type):
+            names += [f.name for f in side.type if f.name not in names]
+    columns = {}
+    for name in names:
+        values = {}
+        for side, array in sides.items():
+            values[side] = array.field(name) if pa.types.is_struct(array.type) and \
+                array.type.get_field_index(name) >= 0 else None
+        present = [v for v in values.values() if v is not None]
+        kind = present[0].type if all(v.type == present[0].type for v in present) else pa.string()
+        before = values["before"].cast(kind) if values["before"] is not None else pa.nulls(n, kind)
+        after = values["after"].cast(kind) if values["after"] is not None else pa.nulls(n, kind)
+        columns[name] = pc.if_else(is_delete, before, after)
+    columns["op"] = table.column("op")
+    if "ts_ms" in table.column_names:
+        columns["ts_ms"] = table.column("ts_ms").cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TS)
+    return pa.table(columns)
+
+
+def history_rows(changelog: pa.Table) -> pa.Table:
+    """SCD type 2 edits from a batch's changelog rows: `__h` = close (a retraction or correct-from ends the
+    key's current version at the change's event time) or open (an append or correct-to starts one)."""
+    ops = changelog.column("op").to_numpy(zero_copy_only=False)
+    data = data_of(changelog)
+    is_open = np.isin(ops, (OP_APPEND, OP_CORRECT_TO))
+    return data.append_column("__h", pa.array(np.where(is_open, "open", "close"), pa.string())).append_column(
+        "__at", changelog.column("event_time"))
+
+
+def data_of(changelog: pa.Table) -> pa.Table:
+    """The data columns of changelog rows, under their own names."""
+    system = {"offset", "op", "system_time", "event_time", "source_file", "batch_id"}
+    data = changelog.select([c for c in changelog.column_names if c not in system])
+    return data.rename_columns([c.removeprefix("data_") if c.removeprefix("data_") in system else c
+                                for c in data.column_names])

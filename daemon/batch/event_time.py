@@ -1,0 +1,90 @@
+"""Event time of each row, and the entity's watermark.
+
+Event time comes from a column, from the file's location (ODF `EventTimeSource::FromPath`:
+a regex group parsed with a strptime format), from the file's modification time, or is the
+system time. The watermark is the largest event time seen minus the allowed lateness; it
+only moves forward and is recorded in the table commit's metadata (`lakefeed.watermark`),
+where `lakefeed watermark advance` can also move it for an idle source. Rows with an event
+time behind the watermark are late: applied, quarantined or dropped as configured.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed import clock
+from lakefeed.batch.read import BadRow
+from lakefeed.config.model import EventTimeConfig
+
+EVENT_TIME = "__event_time"
+WATERMARK_KEY = "lakefeed.watermark"
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def constant(value: datetime, n: int) -> pa.Array:
+    return pa.array(np.full(n, int(value.timestamp() * 1_000_000), dtype="datetime64[us]")).cast(_TS)
+
+
+def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
+          system_time: datetime) -> tuple[pa.Table, list[BadRow]]:
+    """The rows with an `__event_time` column; rows whose event time cannot be read come back as bad rows."""
+    n = table.num_rows
+    if spec.source == "system":
+        return table.append_column(EVENT_TIME, constant(system_time, n)), []
+    if spec.source == "file_mtime":
+        return table.append_column(EVENT_TIME, constant(clock.from_ns(mtime_ns), n)), []
+    if spec.source == "path":
+        assert spec.path_pattern is not None
+        match = re.search(spec.path_pattern, location)
+        try:
+            if match is None:
+                raise ValueError(f"path_pattern {spec.path_pattern!r} does not match")
+            when = datetime.strptime(match.group(1), spec.path_format).replace(tzinfo=UTC)  # noqa: DTZ007
+        except ValueError as exc:
+            return table.slice(0, 0).append_column(EVENT_TIME, constant(system_time, 0)), [
+                BadRow(None, f"event time from path {location!r}: {exc}", f"{n} rows")]
+        return table.append_column(EVENT_TIME, constant(when, n)), []
+    assert spec.column is not None
+    if spec.column not in table.column_names:
+        return table.slice(0, 0).append_column(EVENT_TIME, constant(system_time, 0)), [
+            BadRow(None, f"event time column {spec.column!r} is missing", f"{n} rows")]
+    values = table.column(spec.column)
+    try:
+        return table.append_column(EVENT_TIME, pc.cast(values, _TS)), []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    parsed, bad = [], []
+    for i, v in enumerate(values.to_pylist()):
+        try:
+            parsed.append(pa.scalar(v).cast(_TS).as_py() if v is not None else None)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            parsed.append(None)
+            bad.append(i)
+    keep = np.ones(n, dtype=bool)
+    keep[bad] = False
+    rows = table.append_column(EVENT_TIME, pa.array(parsed, _TS)).filter(pa.array(keep))
+    return rows, [BadRow(None, f"event time {values[i].as_py()!r} in column {spec.column!r} is not a timestamp",
+                         str(values[i].as_py())) for i in bad]
+
+
+def late_mask(data: pa.Table, watermark: datetime | None) -> np.ndarray:
+    if watermark is None or data.num_rows == 0:
+        return np.zeros(data.num_rows, dtype=bool)
+    late = pc.less(data.column(EVENT_TIME), pa.scalar(watermark, _TS))
+    return pc.fill_null(late, False).to_numpy(zero_copy_only=False)
+
+
+def advance(watermark: datetime | None, data: pa.Table | None, spec: EventTimeConfig) -> datetime | None:
+    """Max event time seen minus the allowed lateness; never moves back."""
+    if data is None or data.num_rows == 0:
+        return watermark
+    latest = pc.max(data.column(EVENT_TIME)).as_py()
+    if latest is None:
+        return watermark
+    candidate = latest - timedelta(seconds=spec.allowed_lateness_s)
+    return candidate if watermark is None or candidate > watermark else watermark

@@ -1,0 +1,214 @@
+"""Object-store access for s3:// locations: one place that turns `S3Storage` into clients.
+
+Objects are read and manifests written through `pyarrow.fs.S3FileSystem` (a single PUT or a
+multipart upload becomes visible only when complete, so a reader never sees half a manifest);
+listings and HEADs go through boto3, which returns the ETag and supports `StartAfter`; Delta
+tables get the same credentials as deltalake storage options. Credentials are resolved once by
+boto3's standard chain (config keys, else environment, profile, shared files) and never logged.
+
+An object's identity in the inbox, whoever found it (notification or listing): its URL, size,
+LastModified in whole seconds (HEAD reports no finer) and ETag.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions as boto_errors
+import pyarrow.fs as pafs
+from botocore.config import Config as BotoConfig
+
+from lakefeed import log
+from lakefeed.config.sources import S3Storage
+from lakefeed.errors import TerminalError
+from lakefeed.inbox.files import FileEvent
+
+_log = log.get(__name__)
+
+
+def is_s3(location: str | Path) -> bool:
+    return isinstance(location, str) and location.startswith("s3://")
+
+
+def split(url: str) -> tuple[str, str]:
+    """`s3://bucket/key` → (bucket, key)."""
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def whole_seconds_ns(t: datetime) -> int:
+    return int(t.timestamp()) * 1_000_000_000
+
+
+def object_event(bucket: str, key: str, size: int, last_modified: datetime, etag: str) -> FileEvent:
+    return FileEvent(f"s3://{bucket}/{key}", size, whole_seconds_ns(last_modified), etag.strip('"'))
+
+
+@dataclass(frozen=True)
+class _Credentials:
+    access_key: str | None
+    secret_key: str | None
+    token: str | None
+
+
+class Storage:
+    """Clients for one `S3Storage`; cheap to make, clients are created on first use and shared."""
+
+    def __init__(self, cfg: S3Storage) -> None:
+        self.cfg = cfg
+
+    @functools.cached_property
+    def _session(self) -> boto3.session.Session:
+        secret = self.cfg.secret_access_key.get_secret_value() if self.cfg.secret_access_key else None
+        token = self.cfg.session_token.get_secret_value() if self.cfg.session_token else None
+        return boto3.session.Session(profile_name=self.cfg.profile, region_name=self.cfg.region,
+                                     aws_access_key_id=self.cfg.access_key_id, aws_secret_access_key=secret,
+                                     aws_session_token=token)
+
+    @functools.cached_property
+    def credentials(self) -> _Credentials:
+        found = self._session.get_credentials()
+        if found is None:
+            return _Credentials(None, None, None)  # anonymous, e.g. a public bucket
+        frozen = found.get_frozen_credentials()
+        return _Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+
+    def describe(self) -> dict[str, Any]:
+        """What may be logged: where, and which key id (never a secret)."""
+        creds = self.credentials
+        key = creds.access_key
+        return {"endpoint": self.cfg.endpoint_override or "aws", "region": self.cfg.region,
+                "access_key_id": f"{key[:4]}…" if key else None}
+
+    def client(self, service: str, **config: Any) -> Any:
+        return self._session.client(service, endpoint_url=self.cfg.endpoint_override,
+                                    config=BotoConfig(retries={"mode": "standard"}, **config))
+
+    @functools.cached_property
+    def s3(self) -> Any:
+        return self.client("s3")
+
+    @functools.cached_property
+    def filesystem(self) -> pafs.S3FileSystem:
+        creds = self.credentials
+        options: dict[str, Any] = {"region": self.cfg.region, "access_key": creds.access_key,
+                                   "secret_key": creds.secret_key, "session_token": creds.token,
+                                   "anonymous": creds.access_key is None}
+        if self.cfg.endpoint_override:
+            parts = urlsplit(self.cfg.endpoint_override)
+            options.update(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
+        return pafs.S3FileSystem(**options)
+
+    def delta_options(self, location: str | Path) -> dict[str, str] | None:
+        """deltalake storage options for a table at `location` (None for a local folder)."""
+        if not is_s3(location):
+            return None
+        creds = self.credentials
+        options = {"AWS_REGION": self.cfg.region}
+        if creds.access_key:
+            options.update(AWS_ACCESS_KEY_ID=creds.access_key, AWS_SECRET_ACCESS_KEY=creds.secret_key or "")
+        if creds.token:
+            options["AWS_SESSION_TOKEN"] = creds.token
+        if self.cfg.endpoint_override:
+            options["AWS_ENDPOINT_URL"] = self.cfg.endpoint_override
+            options["AWS_ALLOW_HTTP"] = str(self.cfg.endpoint_override.startswith("http://")).lower()
+        if self.cfg.delta_commits == "conditional_put":
+            options["conditional_put"] = "etag"
+        else:
+            options["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
+        return options
+
+    def head(self, url: str) -> FileEvent | None:
+        """The object's identity now, or None if there is no such object."""
+        bucket, key = split(url)
+        try:
+            got = self.s3.head_object(Bucket=bucket, Key=key)
+        except boto_errors.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return object_event(bucket, key, got["ContentLength"], got["LastModified"], got.get("ETag", ""))
+
+    def list(self, bucket: str, prefix: str, start_after: str = "") -> Iterator[FileEvent]:
+        """Every object under `prefix` (after `start_after`, in key order), a page of 1000 at a time."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, **({"StartAfter": start_after} if start_after else {}))
+        for page in pages:
+            for obj in page.get("Contents", ()):
+                yield object_event(bucket, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+
+    def fetch(self, url: str, dest: Path) -> FileEvent | None:
+        """Copy the object to `dest`; its identity as it was read, or None if it is gone."""
+        path = url.removeprefix("s3://")
+        info = self.filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            return None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self.filesystem.open_input_stream(path) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, 8 << 20)
+        except FileNotFoundError:
+            return None
+        assert info.mtime is not None and info.size is not None
+        return FileEvent(url, info.size, whole_seconds_ns(info.mtime))
+
+    def get(self, url: str, dest: Path) -> bool:
+        """Download `url` to `dest` (atomically); False if there is no such object."""
+        tmp = dest.with_name(dest.name + ".download")
+        if self.fetch(url, tmp) is None:
+            return False
+        tmp.replace(dest)
+        return True
+
+    def put(self, source: Path, url: str) -> None:
+        """Upload a local file; the object appears whole or not at all."""
+        with open(source, "rb") as src, self.filesystem.open_output_stream(url.removeprefix("s3://")) as out:
+            shutil.copyfileobj(src, out, 8 << 20)
+        _log.info("object.written", url=url, bytes=source.stat().st_size)
+
+
+class Mirror:
+    """The local working copy of documents kept in a bucket folder (an S3 entity's manifests).
+
+    Documents are written locally first (atomically, as for a local lake) and then published
+    whole, so the bucket holds either the previous or the new version of each. The working copy
+    is the truth for what lakefeed wrote: after a crash between a local write and its upload,
+    `publish` of everything at start-up repairs the bucket.
+    """
+
+    def __init__(self, storage: Storage, folder: Path, url: str) -> None:
+        self._storage = storage
+        self.folder = folder
+        self.url = url.rstrip("/") + "/"
+
+    def url_of(self, path: Path) -> str:
+        return self.url + path.relative_to(self.folder).as_posix()
+
+    def pull(self, path: Path) -> bool:
+        """Fetch a document absent from the working copy; False if the bucket has none either."""
+        if path.exists():
+            return True
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._storage.get(self.url_of(path), path)
+        except OSError as exc:
+            raise TerminalError(f"cannot read {self.url_of(path)}: {exc}. Check that the bucket exists and the "
+                                "credentials may read it.") from exc
+
+    def publish(self, paths: list[Path]) -> None:
+        for path in paths:
+            if not path.exists():
+                continue
+            try:
+                self._storage.put(path, self.url_of(path))
+            except OSError as exc:
+                raise TerminalError(f"cannot write {self.url_of(path)}: {exc}. Check that the bucket exists and "
+                                    "the credentials may write to it.") from exc

@@ -1,0 +1,242 @@
+"""Keeping the CDM manifest current, derived from committed state.
+
+Each data-table commit records the partitions its batch ingested (commit metadata
+`lakefeed.partitions`). After every commit the keeper applies all commits the manifest
+has not seen yet and rewrites the manifest atomically; a sidecar file remembers the last
+applied table version. A crash between commit and manifest write is therefore repaired by
+the next refresh, and re-applying a commit is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lakefeed import clock, failpoints, log
+from lakefeed.batch.discovery import INCREMENTAL_TRAIT, Partition, normalize_location
+from lakefeed.batch.schema import entity_document, is_generated
+from lakefeed.config.model import EntityConfig, PatternSpec
+from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.errors import ManifestError
+
+METADATA_KEY = "lakefeed.partitions"
+_locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
+_log = log.get(__name__)
+
+
+def manifest_lock(path: Path) -> threading.Lock:
+    """Entities sharing one manifest file take turns writing it."""
+    return _locks[path.resolve()]
+
+
+def _incremental_trait(kind: str, pattern_name: str | None) -> dict[str, Any]:
+    args = [{"name": "type", "value": kind}]
+    if pattern_name:
+        args.append({"name": "incrementPartitionPatternName", "value": pattern_name})
+    return {"traitReference": INCREMENTAL_TRAIT, "arguments": args}
+
+
+def pattern_json(spec: PatternSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": spec.name, "rootLocation": spec.root_location}
+    if spec.glob_pattern:
+        out["globPattern"] = spec.glob_pattern
+    if spec.regular_expression:
+        out["regularExpression"] = spec.regular_expression
+    out["parameters"] = list(spec.parameters)
+    if spec.incremental:
+        out["exhibitsTraits"] = [_incremental_trait(spec.incremental, spec.name)]
+    return out
+
+
+def declaration(cfg: EntityConfig) -> dict[str, Any]:
+    return {
+        "type": "LocalEntity",
+        "entityName": cfg.name,
+        "entityPath": f"{cfg.name}.cdm.json/{cfg.name}",
+        "dataPartitionPatterns": [pattern_json(p) for p in cfg.patterns if not p.incremental],
+        "incrementalPartitionPatterns": [pattern_json(p) for p in cfg.patterns if p.incremental],
+    }
+
+
+def ensure_entity(cfg: EntityConfig) -> dict[str, Any]:
+    """Load the manifest, creating it or the entity's declaration from the config's patterns if absent."""
+    with manifest_lock(cfg.manifest):
+        try:
+            doc = cdm_manifest.load(cfg.manifest)
+        except FileNotFoundError:
+            doc = cdm_manifest.new_manifest(cfg.manifest.name.removesuffix(".manifest.cdm.json"))
+        entity = cdm_manifest.find_entity(doc, cfg.name)
+        if entity is not None:
+            if cfg.patterns:
+                _log.warning("config.patterns_ignored", entity=cfg.name, manifest=str(cfg.manifest),
+                             reason="the manifest declares the entity; its patterns are used")
+            return entity
+        if not cfg.patterns and cfg.source is not None:
+            raise ManifestError(
+                f"manifest {cfg.manifest} does not declare entity {cfg.name!r} and the config gives no "
+                "patterns: add the entity to the manifest or `patterns:` to the entity's config"
+            )
+        entity = declaration(cfg)
+        doc.setdefault("entities", []).append(entity)
+        cdm_manifest.save(cfg.manifest, doc)
+        _log.info("manifest.entity_created", entity=cfg.name, manifest=str(cfg.manifest))
+        return entity
+
+
+def partition_record(partition: Partition, mtime: str, removed: bool = False) -> dict[str, Any]:
+    record = {
+        "location": partition.location,
+        "arguments": partition.arguments,
+        "type": partition.incremental_type,
+        "pattern": partition.pattern_name,
+        "explicit": partition.explicit,
+        "mtime": mtime,
+    }
+    if removed:  # its object was deleted: the declaration goes
+        record["removed"] = True
+    return record
+
+
+def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: list[dict[str, Any]],
+          schema_mtime: str | None) -> None:
+    """Bring an entity declaration (inside `doc`) up to date with ingested partitions at time `checked`."""
+    index: dict[str, dict[str, Any]] = {}
+    for key in ("dataPartitions", "incrementalPartitions"):
+        for decl in entity.get(key) or ():
+            index[normalize_location(decl.get("location", ""))] = decl
+    for rec in records:
+        existing = index.get(normalize_location(rec["location"]))
+        if rec.get("removed"):
+            if existing is not None:
+                for key in ("dataPartitions", "incrementalPartitions"):
+                    entity[key] = [d for d in entity.get(key) or () if d is not existing]
+                del index[normalize_location(rec["location"])]
+            continue
+        if existing is not None and rec["explicit"]:
+            # Explicit partitions keep their arguments and schema; only their file times move.
+            existing["lastFileStatusCheckTime"] = checked
+            existing["lastFileModifiedTime"] = clock.latest(existing.get("lastFileModifiedTime"), rec["mtime"])
+            continue
+        decl = existing if existing is not None else {}
+        decl["location"] = rec["location"]
+        if rec["type"]:
+            decl["exhibitsTraits"] = [_incremental_trait(rec["type"], rec["pattern"])]
+        decl["arguments"] = [{"name": n, "value": v} for n, values in rec["arguments"].items() for v in values]
+        decl["lastFileStatusCheckTime"] = checked
+        decl["lastFileModifiedTime"] = rec["mtime"]
+        if existing is None:
+            entity.setdefault("incrementalPartitions" if rec["type"] else "dataPartitions", []).append(decl)
+            index[normalize_location(rec["location"])] = decl
+    for key in ("dataPartitionPatterns", "incrementalPartitionPatterns"):
+        for pattern in entity.get(key) or ():
+            pattern["lastFileStatusCheckTime"] = checked
+    children = [d.get("lastFileModifiedTime") for d in index.values()]
+    _set_time(entity, "lastFileStatusCheckTime", checked)
+    _set_time(entity, "lastFileModifiedTime", clock.latest(entity.get("lastFileModifiedTime"), schema_mtime))
+    _set_time(entity, "lastChildFileModifiedTime", clock.latest(entity.get("lastChildFileModifiedTime"), *children))
+    _set_time(doc, "lastFileStatusCheckTime", checked)
+    _set_time(doc, "lastFileModifiedTime", checked)  # the manifest document itself is being saved now
+    _set_time(doc, "lastChildFileModifiedTime", clock.latest(
+        doc.get("lastChildFileModifiedTime"), entity.get("lastChildFileModifiedTime"),
+        entity.get("lastFileModifiedTime")))
+
+
+def _set_time(obj: dict[str, Any], key: str, value: str | None) -> None:
+    """CDM readers fail on a time without a zone (or null): an unknown time is left out."""
+    if value is not None:
+        obj[key] = value
+
+
+class ManifestKeeper:
+    """Applies committed partitions of one entity to its manifest."""
+
+    def __init__(self, cfg: EntityConfig, table: TableSink,
+                 publish: Callable[[list[Path]], None] = lambda paths: None) -> None:
+        self.cfg = cfg
+        self._table = table
+        self._state_path = cfg.state / "manifest_state.json"
+        self._publish = publish  # copies written documents to where readers look (the entity's bucket)
+
+    def state(self) -> tuple[int, set[str]]:
+        try:
+            state = json.loads(self._state_path.read_text(encoding="utf-8"))
+            return int(state["applied_version"]), set(state["owned"])
+        except FileNotFoundError:
+            return -1, set()
+
+    def owned(self) -> set[str]:
+        """Locations whose manifest entries lakefeed wrote (so they are not explicit partitions)."""
+        return self.state()[1]
+
+    def refresh(self) -> int:
+        """Apply every commit not yet in the manifest; return how many partitions were written."""
+        with manifest_lock(self.cfg.manifest):
+            applied, owned = self.state()
+            commits = [c for c in self._table.commits_after(applied) if METADATA_KEY in c]
+            latest = self._table.version()
+            if latest is None or latest <= applied:
+                return 0
+            doc = cdm_manifest.load(self.cfg.manifest)
+            entity = cdm_manifest.find_entity(doc, self.cfg.name)
+            if entity is None:
+                raise ManifestError(f"manifest {self.cfg.manifest} no longer declares entity {self.cfg.name!r}")
+            written = 0
+            for commit in commits:
+                batch = json.loads(commit[METADATA_KEY])
+                apply(doc, entity, batch["checked"], batch["partitions"], self._schema_mtime(entity))
+                for p in batch["partitions"]:
+                    if p.get("removed"):
+                        owned.discard(normalize_location(p["location"]))
+                    elif not p["explicit"]:
+                        owned.add(normalize_location(p["location"]))
+                written += len(batch["partitions"])
+            changed = self._describe_schema(entity)  # first: the manifest points at it
+            if commits:
+                cdm_manifest.save(self.cfg.manifest, doc)
+                changed.append(self.cfg.manifest)
+                failpoints.reached("manifest.written")
+                _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
+                          partitions=written, table_version=latest)
+            self._publish(changed)
+            self._save_state(latest, owned)
+            return written
+
+    def _describe_schema(self, entity: dict[str, Any]) -> list[Path]:
+        """Write the entity schema document the manifest points at, unless somebody else owns it."""
+        document = schema_document(self.cfg.manifest.parent, entity)
+        table_schema = self._table.schema()
+        if document is None or table_schema is None or (document.exists() and not is_generated(document)):
+            return []
+        wanted = entity_document(self.cfg.name, table_schema)
+        if document.exists() and cdm_manifest.load(document) == wanted:
+            return []
+        cdm_manifest.save(document, wanted)
+        _log.info("schema_document.written", entity=self.cfg.name, document=str(document))
+        return [document]
+
+    def _schema_mtime(self, entity: dict[str, Any]) -> str | None:
+        doc = schema_document(self.cfg.manifest.parent, entity)
+        if doc is None or not doc.exists():
+            return None
+        return clock.to_cdm(clock.from_ns(doc.stat().st_mtime_ns))
+
+    def _save_state(self, version: int, owned: set[str]) -> None:
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"applied_version": version, "owned": sorted(owned)}), encoding="utf-8")
+        os.replace(tmp, self._state_path)
+
+
+def schema_document(root: Path, entity: dict[str, Any]) -> Path | None:
+    """The local file of an entity's schema document (`entityPath`/`entitySchema` up to `.cdm.json`)."""
+    path = entity.get("entityPath") or entity.get("entitySchema")
+    if not path or ".cdm.json" not in path:
+        return None
+    document = path[: path.index(".cdm.json") + len(".cdm.json")]
+    return root / normalize_location(document)

@@ -1,0 +1,151 @@
+"""The `lakefeed` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lakefeed import log
+from lakefeed.config import model as config
+from lakefeed.errors import ConfigError, TerminalError
+
+DEFAULT_CONFIG = "config/lakefeed.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lakefeed", description="Keep a data lake current, continuously.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    validate = sub.add_parser("validate", help="check a config file; print every problem as file:line: field: msg")
+    validate.add_argument("file")
+    verify = sub.add_parser("verify", help="check that each entity's changelog replays to its current table")
+    verify.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    verify.add_argument("--entity", action="append", help="only this entity (repeatable)")
+    watermark = sub.add_parser("watermark", help="about event-time watermarks")
+    wm_sub = watermark.add_subparsers(dest="watermark_command", required=True)
+    advance = wm_sub.add_parser("advance", help="move an entity's watermark forward (e.g. for an idle source)")
+    advance.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    advance.add_argument("--entity", required=True)
+    advance.add_argument("--to", required=True, help="ISO 8601 time, e.g. 2024-05-01T00:00:00Z")
+    sub.add_parser("openapi", help="print the HTTP API's OpenAPI document (docs/openapi.json)")
+    sub.add_parser("token", help="make a bearer token for a push source and print it with its sha256 for the config")
+    status = sub.add_parser("status", help="ask the running daemon how each entity is doing")
+    status.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    status.add_argument("--url", help="the daemon's HTTP address (default: from state_dir/http.json)")
+    status.add_argument("--json", action="store_true", help="print the /status document as is")
+    backfill = sub.add_parser("backfill", help="process everything pending (files, spooled pushes), then exit")
+    backfill.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    manifest = sub.add_parser("manifest", help="about the CDM manifests lakefeed keeps")
+    m_sub = manifest.add_subparsers(dest="manifest_command", required=True)
+    show = m_sub.add_parser("show", help="list an entity's partitions as the manifest records them")
+    show.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
+    show.add_argument("--entity", action="append", help="only this entity (repeatable)")
+    show.add_argument("--json", action="store_true", help="print the manifest's entity objects as JSON")
+    cfg = sub.add_parser("config", help="about the configuration")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    cfg_sub.add_parser("schema", help="print the config's JSON Schema")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "config":
+        print(json.dumps(config.json_schema(), indent=2))
+        return 0
+    if args.command == "openapi":
+        from lakefeed.intake.openapi import document
+
+        print(json.dumps(document(), indent=2))
+        return 0
+    if args.command == "token":
+        import hashlib
+        import secrets
+
+        token = secrets.token_urlsafe(32)
+        print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
+        return 0
+    if args.command == "validate":
+        try:
+            config.load(args.file)
+        except ConfigError as exc:
+            print("\n".join(exc.problems), file=sys.stderr)
+            return 1
+        print(f"{args.file}: ok")
+        return 0
+    try:
+        cfg = config.load(args.config)
+    except ConfigError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return 2
+    log.configure(cfg.log_level)
+    if args.command == "verify":
+        return _verify(cfg, args.entity)
+    if args.command == "watermark":
+        return _advance_watermark(cfg, args.entity, args.to)
+    if args.command == "status":
+        from lakefeed.ops.status_cli import show_status
+
+        return show_status(cfg, args.url, args.json)
+    if args.command == "manifest":
+        from lakefeed.ops.status_cli import show_manifest
+
+        return show_manifest(cfg, args.entity, args.json)
+    from lakefeed.ops.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
+
+    try:
+        if args.command == "backfill":
+            from lakefeed.ops.status_cli import Progress
+
+            supervisor = Supervisor(cfg, drain=True)
+            with Progress(supervisor):
+                return supervisor.run()
+        return Supervisor(cfg, Path(args.config)).run()
+    except TerminalError as exc:
+        log.get("lakefeed").error("daemon.failed", error=str(exc))
+        print(f"lakefeed: {exc}", file=sys.stderr)
+        return 2
+
+
+def _verify(cfg: config.LakefeedConfig, only: list[str] | None) -> int:
+    from lakefeed.pipeline.verify import verify
+
+    failed = 0
+    for entity in cfg.entities:
+        if only and entity.name not in only:
+            continue
+        problems = verify(entity)
+        print(f"{entity.name}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+        for problem in problems:
+            print(f"  {problem}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+def _advance_watermark(cfg: config.LakefeedConfig, entity: str, to: str) -> int:
+    from lakefeed import clock
+    from lakefeed.batch.event_time import WATERMARK_KEY
+    from lakefeed.pipeline.commit import delta_sink
+
+    if entity not in {e.name for e in cfg.entities}:
+        print(f"lakefeed: no entity {entity!r} in the config", file=sys.stderr)
+        return 2
+    try:
+        target = clock.from_cdm(to)
+    except ValueError:
+        print(f"lakefeed: --to {to!r} is not an ISO 8601 time", file=sys.stderr)
+        return 2
+    sink = delta_sink(cfg.entity(entity), cfg.entity(entity).table)
+    schema = sink.schema()
+    if schema is None:
+        print(f"lakefeed: entity {entity!r} has no table yet; nothing to advance", file=sys.stderr)
+        return 1
+    current = sink.latest_metadata(WATERMARK_KEY, "", 0)
+    if current is not None and clock.from_cdm(current) >= target:
+        print(f"{entity}: watermark stays at {current} (not behind {clock.to_cdm(target)})")
+        return 0
+    sink.record(schema.empty_table(), {WATERMARK_KEY: clock.to_cdm(target), "lakefeed.entity": entity})
+    print(f"{entity}: watermark advanced to {clock.to_cdm(target)}")
+    return 0

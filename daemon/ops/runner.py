@@ -1,0 +1,318 @@
+"""An entity at run time: its pipeline, its sources and one streaming query per source.
+
+Each query's foreachBatch hands the batch to the entity's pipeline (which lets one commit run
+at a time), records what it did in the daemon's metrics, and for push sources has the spool
+segments that earlier, committed batches consumed released by their writer: the intake
+process (daemon/intake/process.py), or during a backfill, which has no intake, the runner itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from lakefeed import log
+from lakefeed.batch.messages import columns as decoded_columns
+from lakefeed.config.model import FILES, EntityConfig, S3Source
+from lakefeed.connectors.sources.base import Source
+from lakefeed.connectors.sources.kafka_source import FORMAT as KAFKA
+from lakefeed.connectors.sources.local_dir import LocalDirSource
+from lakefeed.connectors.sources.s3_landing import S3Landing
+from lakefeed.connectors.streams.inbox_stream import FORMAT as INBOX
+from lakefeed.connectors.streams.spool_stream import FORMAT as SPOOL
+from lakefeed.errors import LakefeedError
+from lakefeed.inbox import storage
+from lakefeed.inbox.files import Inbox, InboxRecord
+from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
+from lakefeed.intake.client import IntakeProcess
+from lakefeed.ops.metrics import Metrics
+from lakefeed.pipeline.commit import BatchResult, Sinks
+from lakefeed.pipeline.entity import EntityPipeline
+
+_log = log.get(__name__)
+_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+
+
+def _offsets(raw: object) -> dict[tuple[str, str], int]:
+    """A Kafka source's offsets from a progress report (a JSON string or dict)."""
+    doc = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(doc, dict):
+        return {}
+    return {(t, p): int(n) for t, parts in doc.items() for p, n in parts.items()}
+
+
+def _cause(detail: str) -> str:
+    """The innermost Python exception line of a Spark error (what to act on), else its first line."""
+    causes = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", detail, re.MULTILINE)
+    return causes[-1] if causes else detail.strip().splitlines()[0] if detail.strip() else "stopped"
+
+
+def committed_offset(checkpoint: Path) -> int | None:
+    """The end offset of the last batch a query committed (from Spark's checkpoint), if any."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text(encoding="utf-8").splitlines()
+    return int(json.loads(lines[2])["offset"])
+
+
+class EntityRunner:
+    """An entity's pipeline and one streaming query per source: its files and each push source."""
+
+    def __init__(self, session: SparkSession, cfg: EntityConfig, trigger_interval_s: float,
+                 excluded: tuple, metrics: Metrics, intake: IntakeProcess | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.intake = intake
+        self._spark = session
+        self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
+        self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        if intake is not None:
+            self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)
+        self.inbox: Inbox | None = None
+        self.source: Source | None = None
+        if isinstance(cfg.source, S3Source):
+            self.inbox = Inbox(cfg.state / "inbox")
+            outputs = tuple(str(loc) for loc in (cfg.table, cfg.changelog, cfg.quarantine, cfg.history,
+                                                 cfg.tombstones) if storage.is_s3(loc))
+            self.source = S3Landing(cfg.name, cfg.source, self.inbox, self.pipeline.storage, cfg.state,
+                                    excluded=outputs, on_found=metrics.missed.labels(cfg.name).inc)
+        elif cfg.source is not None:
+            self.inbox = Inbox(cfg.state / "inbox")
+            self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
+                                         excluded=excluded)
+        self.spools: dict[str, SpoolEnd] = {}  # a push stream's frames written so far (for its backlog)
+        self._writers: dict[str, Spool] = {}  # without an intake: the push streams' spools, to release them
+        self._counting = threading.Lock()
+        self.queries: dict[str, StreamingQuery] = {}
+        self.consumed: dict[str, int] = {}
+        self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
+        self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
+        self.error: str | None = None
+        self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
+
+    def start(self, reconcile_first: bool = False) -> None:
+        """Start the sources and queries; `reconcile_first` lists the landing folder before (backfill)."""
+        self.pipeline.prepare()
+        if self.source is not None:
+            if reconcile_first:
+                self.source.reconcile()
+            self.source.start()
+        self.start_streams(self.cfg.streams())
+        _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
+
+    def start_streams(self, streams: list[str]) -> None:
+        for stream in streams:
+            if (push := self.cfg.push_source(stream)) is not None:
+                self.spools[stream] = SpoolEnd(self.cfg.spool(stream))
+                if self.intake is None:
+                    self._writers[stream] = Spool(self.cfg.spool(stream), push.segment_bytes, push.idempotency_ttl_s)
+            if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
+                self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
+            self.queries[stream] = self._start_query(stream)
+        # Started means each query has run its first trigger (a new query's first batch is always an
+        # empty one), so the first file landing is not kept waiting behind start-up work.
+        deadline = time.monotonic() + 120
+        for stream in streams:
+            query = self.queries[stream]
+            while query.isActive and query.status["message"] not in _WAITING and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def stop_streams(self, streams: list[str], deadline: float) -> None:
+        """Stop these streams' queries after their running batch."""
+        for stream in streams:
+            query = self.queries.pop(stream, None)
+            if query is not None:
+                # Let a running batch finish: stop() would interrupt it (it would be replayed at restart).
+                while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                query.stop()
+            self.spools.pop(stream, None)
+            writer = self._writers.pop(stream, None)
+            if writer is not None:
+                writer.close()
+            self.consumed.pop(stream, None)
+            self.pipeline.forget(stream)
+
+    def reconfigure(self, cfg: EntityConfig, streams: list[str], deadline: float) -> None:
+        """Take a config that differs only in these record sources (push, Kafka): restart just them."""
+        self.stop_streams([s for s in streams if s in self.queries], deadline)
+        self.cfg = self.pipeline.cfg = cfg
+        self.start_streams([s for s in streams if s in cfg.streams()])
+        _log.info("entity.reconfigured", entity=cfg.name, streams=streams)
+
+    def _start_query(self, stream: str) -> StreamingQuery:
+        if stream == FILES:
+            assert self.cfg.source is not None
+            frame = (self._spark.readStream.format(INBOX).option("path", str(self.cfg.state / "inbox"))
+                     .option("maxFilesPerTrigger", str(self.cfg.source.max_files_per_trigger)).load())
+            handler = self._file_batch
+        elif (push := self.cfg.push_source(stream)) is not None:
+            frame = (self._spark.readStream.format(SPOOL).option("path", str(self.cfg.spool(stream)))
+                     .option("maxRecordsPerTrigger", str(push.max_records_per_trigger)).load())
+            handler = partial(self._push_batch, stream)
+        else:
+            kafka = self.cfg.kafka_source(stream)
+            assert kafka is not None
+            reader = (self._spark.readStream.format(KAFKA).option("bootstrap_servers", kafka.bootstrap_servers)
+                      .option("startingOffsets", kafka.starting_offsets)
+                      .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+                      .option("retryTimeoutMs", str(int(kafka.retry_timeout_s * 1000))))
+            reader = reader.option("pattern", kafka.pattern) if kafka.pattern else \
+                reader.option("topics", ",".join(kafka.topics))
+            if kafka.group_id:
+                reader = reader.option("group_id", kafka.group_id)
+            if kafka.min_partitions:
+                reader = reader.option("minPartitions", str(kafka.min_partitions))
+            reader = reader.option("statusPath", str(self._source_status(stream)))
+            frame = reader.load()
+            handler = partial(self._kafka_batch, stream)
+        return (frame.writeStream.foreachBatch(handler)
+                .option("checkpointLocation", str(self.cfg.stream_checkpoint(stream)))
+                .queryName(f"lakefeed_{self.cfg.name}_{stream}")
+                .trigger(processingTime=self._trigger)
+                .start())
+
+    def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
+        records = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
+        self._run(FILES, batch_id, lambda: self.pipeline.process(records, batch_id),
+                  records[-1].offset + 1 if records else None)
+
+    def _push_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
+        entries = sorted((Entry(*row) for row in frame.collect()), key=lambda e: e.offset)
+        if entries:
+            # Batches before this one are in Spark's commit log: their frames are no longer needed.
+            if self.intake is not None:
+                self.intake.release(self.cfg.name, stream, entries[0].offset)
+            elif stream in self._writers:
+                self._writers[stream].release(entries[0].offset)
+        self._run(stream, batch_id, lambda: self.pipeline.process_frames(stream, entries, batch_id),
+                  entries[-1].offset + 1 if entries else None)
+
+    def _kafka_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
+        source = self.cfg.kafka_source(stream)
+        assert source is not None
+        messages = frame.select(*decoded_columns(source)).toArrow()
+        self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, messages, batch_id), None)
+
+    def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
+        started = time.monotonic()
+        try:
+            result = work()
+        except LakefeedError as exc:
+            self.error, self.terminal = str(exc), True
+            self.metrics.error(self.cfg.name, type(exc).__name__)
+            _log.error("entity.failed", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=str(exc))
+            raise
+        except Exception as exc:
+            self.metrics.error(self.cfg.name, type(exc).__name__)
+            raise
+        if end is not None:
+            self.consumed[stream] = end
+        self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
+        self.progress_at = time.monotonic()
+
+    def backlog(self, stream: str) -> int:
+        """Files, frames or messages waiting for the stream (not yet in a committed batch)."""
+        if self.cfg.kafka_source(stream) is not None:
+            return self._kafka_lag(stream)
+        if stream == FILES:
+            written = len(self.inbox) if self.inbox is not None else 0
+        else:
+            spool = self.spools.get(stream)
+            if spool is None:
+                return 0
+            with self._counting:  # the supervisor's loop and the status route both ask
+                written = spool()
+        return max(0, written - self.consumed.get(stream, written))
+
+    def _source_status(self, stream: str) -> Path:
+        folder = self.cfg.state / "streams" / stream
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / "source_status.json"
+
+    def source_status(self, stream: str) -> dict | None:
+        """What a Kafka source last reported about its broker ({unavailable, retries, error})."""
+        if self.cfg.kafka_source(stream) is None:
+            return None
+        try:
+            return json.loads(self._source_status(stream).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _kafka_lag(self, stream: str) -> int:
+        """Messages on the broker after the last batch's end, as the query last saw them."""
+        query = self.queries.get(stream)
+        progress = query.lastProgress if query is not None else None
+        if not progress or not progress.get("sources"):
+            return 0
+        source = progress["sources"][0]
+        latest, end = _offsets(source.get("latestOffset")), _offsets(source.get("endOffset"))
+        return sum(max(0, n - end.get(tp, 0)) for tp, n in latest.items())
+
+    def healthy(self, stall_s: float) -> bool:
+        """Each stream is making progress or idle with nothing waiting. An entity stopped by an
+        error lakefeed reported (`terminal`) counts as healthy: a restart would not mend it."""
+        if self.error is not None:
+            return self.terminal
+        if not self.running():
+            return False
+        if all(self.backlog(s) == 0 for s in self.queries):
+            self.progress_at = time.monotonic()
+        return time.monotonic() - self.progress_at < stall_s
+
+    def drained(self) -> bool:
+        """Nothing waiting and no batch running (or the entity failed): backfill may stop."""
+        if self.error is not None:
+            return True
+        return all(self.backlog(s) == 0 and not q.status["isTriggerActive"] for s, q in self.queries.items())
+
+    def sample(self) -> None:
+        for stream in self.cfg.streams():
+            query = self.queries.get(stream)
+            self.metrics.set_backlog(self.cfg.name, stream, self.backlog(stream),
+                                     query is not None and query.isActive)
+            status = self.source_status(stream)
+            if status is not None:
+                self.metrics.set_source(self.cfg.name, stream, status["unavailable"], status["retries"])
+                if status["unavailable"] != self._unavailable.get(stream, False):
+                    # The source reports from Spark's planner process; the daemon's log says it here.
+                    event = _log.warning if status["unavailable"] else _log.info
+                    event("source.unavailable" if status["unavailable"] else "source.available",
+                          entity=self.cfg.name, stream=stream, retries=status["retries"], error=status["error"])
+                    self._unavailable[stream] = status["unavailable"]
+
+    def stop_intake(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+
+    def stop(self, deadline: float) -> None:
+        self.stop_streams(list(self.queries), deadline)
+        if self.inbox is not None:
+            self.inbox.close()
+        for writer in self._writers.values():
+            writer.close()  # a push source whose query never started
+        self._writers.clear()
+        _log.info("entity.stopped", entity=self.cfg.name)
+
+    def running(self) -> bool:
+        return self.error is None and bool(self.queries) and all(q.isActive for q in self.queries.values())
+
+    def check(self) -> None:
+        """Report a query that died (once)."""
+        for stream, query in self.queries.items():
+            if not query.isActive and self.error is None:
+                exc = query.exception()
+                detail = str(exc) if exc else "stopped"
+                self.error = _cause(detail)
+                self.metrics.error(self.cfg.name, "query_stopped")
+                _log.error("entity.failed", entity=self.cfg.name, stream=stream, error=self.error,
+                           detail=detail[-4000:])

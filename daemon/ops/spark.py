@@ -1,0 +1,68 @@
+"""The one SparkSession of the daemon: local by default, any `spark.master` when configured."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from pyspark.sql import SparkSession
+
+from lakefeed.config.model import SparkConfig
+from lakefeed.connectors.sources.kafka_source import KafkaDataSource
+from lakefeed.connectors.streams.inbox_stream import InboxDataSource
+from lakefeed.connectors.streams.spool_stream import SpoolDataSource
+from lakefeed.errors import TerminalError
+
+# Loopback only and no UI by default: a daemon should not open ports nobody asked for.
+# -Xss16m: without it query.stop() intermittently dies with a StackOverflowError.
+DEFAULTS = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.extraJavaOptions": "-Xss16m",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.python.worker.reuse": "true",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def check_java() -> None:
+    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if "JAVA_HOME" in os.environ \
+        else shutil.which("java")
+    if java is None:
+        raise TerminalError("Java 17 or newer is required by Spark and none was found: "
+                            "install it (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):
+        major = int(match.group(2))
+    if major < 17:
+        raise TerminalError(f"Java 17 or newer is required by Spark; {java} is version {major or 'unknown'}")
+
+
+def session(cfg: SparkConfig) -> SparkSession:
+    check_java()
+    # Workers must run this interpreter (the one with pyspark and lakefeed), not the system python3.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if cfg.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
+    for key, value in {**DEFAULTS, **cfg.conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(InboxDataSource)
+    spark.dataSource.register(SpoolDataSource)
+    spark.dataSource.register(KafkaDataSource)
+    return spark
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Start the Python workers and the JVM's code paths now, not in the first file's batch."""
+    spark.range(1).mapInArrow(lambda batches: batches, "id long").collect()

@@ -1,0 +1,357 @@
+"""The supervisor: the entities' runners, the HTTP servers, the intake process and the lifecycle.
+
+The daemon's port is served by the intake process (daemon/intake/process.py: push requests and their
+spools); the rest of what the port offers (health, metrics, status, webhooks) is served here on
+a unix socket the intake passes those requests to.
+
+Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and
+SIGINT stop: intake first (pushes get 503, sources stop), then each running micro-batch
+finishes and commits, then the queries stop; a second signal exits at once. SIGHUP, or the
+config file changing on disk, reloads: the new config is validated whole, and only entities
+whose config changed are restarted (their checkpoints and spools intact); the others keep
+running untouched. Whatever a stop interrupts is replayed exactly once at the next start.
+
+systemd (sd_notify): READY=1 once every query runs, STATUS= a one-line summary,
+RELOADING=1 + MONOTONIC_USEC= then READY=1 around a reload, STOPPING=1, and WATCHDOG=1 only
+while every stream is healthy (running, and making progress or idle with nothing waiting) and the
+intake process serves the port.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from pyspark.sql import SparkSession
+
+from lakefeed import log
+from lakefeed.config import model as config
+from lakefeed.config.model import EntityConfig, LakefeedConfig
+from lakefeed.config.sources import WebhookNotifications
+from lakefeed.config.watch import ConfigWatcher
+from lakefeed.connectors.sources.s3_landing import S3Landing
+from lakefeed.errors import ConfigError, LakefeedError
+from lakefeed.intake import http_server
+from lakefeed.intake.client import IntakeProcess
+from lakefeed.intake.http_server import HttpServer
+from lakefeed.intake.s3_webhook import Webhooks
+from lakefeed.ops import spark, status_api
+from lakefeed.ops.metrics import Metrics
+from lakefeed.ops.notify import notify
+from lakefeed.ops.runner import EntityRunner
+
+_log = log.get(__name__)
+_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
+# Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
+RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
+
+
+class Supervisor:
+    def __init__(self, cfg: LakefeedConfig, config_path: Path | None = None, drain: bool = False) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.drain = drain  # backfill: process what is pending, then stop
+        self.metrics = Metrics(cfg.status_sample_s)
+        self.runners: dict[str, EntityRunner] = {}
+        self.config_problems: list[str] = []
+        self.needs_restart: list[str] = []
+        self.ready = False
+        self.url = ""
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._signals = 0
+        self._session: SparkSession | None = None
+        self._excluded: tuple = ()
+        self.intake: IntakeProcess | None = None  # none in a backfill: it serves no HTTP
+        self.webhooks = Webhooks()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._reload.set()
+            return
+        self._signals += 1
+        if self._signals > 1:
+            os._exit(128 + signum)  # a second signal: the operator does not want to wait
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        # An abstract unix socket: no path to clean up, and only this host's processes reach it.
+        local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self)],
+                           unix=f"\0lakefeed-{os.getpid()}-{secrets.token_hex(4)}")
+        own_session = _leads_own_session()
+        try:
+            if not self.drain:
+                local.start()
+                self.intake = IntakeProcess(self.cfg.http, local.unix or "", self.cfg.log_level,
+                                            own_session=own_session)
+                self.url = self.intake.start()  # before the priority drops: the intake keeps the higher one
+                http_server.publish(self.cfg.state_dir, self.url)
+            _lower_priority(self.cfg.spark.nice, autogroup=own_session)
+            self._run_spark()
+        finally:
+            if self.intake is not None:  # last: until here pushes get 503 and /healthz, /status answer
+                self.intake.stop()
+                http_server.publish(self.cfg.state_dir, None)
+            local.stop()
+        _log.info("daemon.stopped")
+        return 0
+
+    def _run_spark(self) -> None:
+        session = self._session = spark.session(self.cfg.spark)
+        # After the SparkContext exists: it installs a SIGINT handler of its own that raises
+        # KeyboardInterrupt, which would skip the graceful stop.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, self._on_signal)
+        try:
+            spark.warm_up(session)
+            self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
+            watcher = ConfigWatcher(self.config_path, self._reload.set) if self.config_path and not self.drain \
+                else None
+            try:
+                for entity in self.cfg.entities:
+                    self._start(entity)
+                self._serve(watcher)
+            finally:
+                if self.intake is not None:
+                    self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
+                _log.info("daemon.stopping")  # after the intake has answered: no push is acknowledged from here on
+                notify(STOPPING="1", STATUS="stopping: finishing running batches")
+                if watcher is not None:
+                    watcher.stop()
+                for runner in self.runners.values():
+                    runner.stop_intake()
+                deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+                for runner in self.runners.values():
+                    runner.stop(deadline)
+        finally:
+            session.stop()
+
+    def _serve(self, watcher: ConfigWatcher | None) -> None:
+        running = [n for n, r in self.runners.items() if r.error is None]
+        # What start-up made (PySpark, pyarrow, pandas, the config…) lives as long as the daemon. Frozen, a full
+        # cyclic collection no longer walks it: unfrozen, one walks ~150k objects (~0.1 s on an idle core)
+        # holding the GIL that the HTTP loop shares, a pause every push request in flight waits out.
+        gc.freeze()
+        self.ready = True
+        _log.info("daemon.ready", entities=running, http=self.url or None)
+        notify(READY="1", STATUS=self.status_line())
+        if watcher is not None:
+            watcher.start()
+        watchdog_s = _watchdog_interval()
+        last_ping = last_status = 0.0
+        status = ""
+        while not self._stop.wait(0.25):
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload()
+            if self.intake is not None:
+                self.intake.check()
+            healthy = self.intake is None or self.intake.pid is not None
+            for runner in list(self.runners.values()):
+                runner.check()
+                runner.sample()
+                healthy &= runner.healthy(self.cfg.stall_timeout_s)
+            self.metrics.sample()
+            now = time.monotonic()
+            if watchdog_s and healthy and now - last_ping >= watchdog_s:
+                notify(WATCHDOG="1")
+                last_ping = now
+            if now - last_status >= 5:
+                line = self.status_line()
+                if line != status:
+                    notify(STATUS=line)
+                    status = line
+                last_status = now
+            if self.drain and all(r.drained() for r in self.runners.values()):
+                _log.info("backfill.drained", entities=list(self.runners))
+                break
+
+    def status_line(self) -> str:
+        failed = [n for n, r in self.runners.items() if r.error is not None]
+        backlog = sum(r.backlog(s) for r in self.runners.values() for s in r.queries)
+        line = f"{len(self.runners) - len(failed)} entities running"
+        if failed:
+            line += f", {len(failed)} failed ({', '.join(failed)})"
+        line += f", backlog {backlog}"
+        if self.config_problems:
+            line += f"; config reload rejected ({len(self.config_problems)} problems), old config kept"
+        if self.needs_restart:
+            line += f"; restart needed for {', '.join(self.needs_restart)}"
+        return line
+
+    def _start(self, entity: EntityConfig) -> None:
+        assert self._session is not None
+        runner = EntityRunner(self._session, entity, self.cfg.spark.trigger_interval_s, self._excluded,
+                              self.metrics, self.intake)
+        self.runners[entity.name] = runner
+        if isinstance(runner.source, S3Landing):
+            for hook in (n for n in runner.source.source.notifications if isinstance(n, WebhookNotifications)):
+                self.webhooks.attach(runner.source, hook, entity.storage)
+        try:
+            runner.start(reconcile_first=self.drain)
+        except LakefeedError as exc:
+            runner.error, runner.terminal = str(exc), True
+            runner.stop_intake()
+            self.metrics.error(entity.name, type(exc).__name__)
+            _log.error("entity.failed", entity=entity.name, error=str(exc))
+        self._attach(runner, [p.name for p in entity.push])
+
+    def _attach(self, runner: EntityRunner, streams: list[str]) -> None:
+        """Have the intake serve these push sources of the runner's entity (after the runner started)."""
+        if self.intake is None or not streams:
+            return
+        sources = [p for s in streams if (p := runner.cfg.push_source(s)) is not None]
+        try:
+            self.intake.attach(runner.cfg, sources, runner.pipeline.push_schema())
+        except LakefeedError as exc:
+            runner.error, runner.terminal = str(exc), True
+            self.metrics.error(runner.cfg.name, type(exc).__name__)
+            _log.error("entity.failed", entity=runner.cfg.name, error=str(exc))
+
+    def _stop_entity(self, name: str) -> None:
+        runner = self.runners.pop(name)
+        self.webhooks.detach(name)
+        targets = [(name, p.name) for p in runner.cfg.push]
+        if self.intake is not None:
+            self.intake.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
+        runner.stop_intake()
+        runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
+        if self.intake is not None:
+            self.intake.detach(targets)
+
+    def _reconfigure(self, name: str, new: EntityConfig, streams: list[str]) -> None:
+        """Restart only the record sources of an entity that changed; its other streams keep running."""
+        runner = self.runners[name]
+        targets = [(name, s) for s in streams if runner.cfg.push_source(s) is not None]
+        if self.intake is not None:
+            self.intake.pause(targets)
+        runner.reconfigure(new, streams, time.monotonic() + self.cfg.shutdown_timeout_s)
+        if self.intake is not None:
+            self.intake.detach(targets)
+            self._attach(runner, streams)
+            self.intake.resume(targets)
+
+    def reload(self) -> None:
+        """Apply the config file again: validate it whole, then start, stop or restart what changed."""
+        if self.config_path is None:
+            return
+        try:
+            new = config.load(self.config_path)
+        except ConfigError as exc:
+            self.config_problems = exc.problems
+            for problem in exc.problems:
+                _log.error("config.invalid", problem=problem)
+            _log.error("reload.rejected", problems=len(exc.problems), reason="the running config is kept")
+            notify(STATUS=self.status_line())
+            return
+        notify(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+        # A reload waits for running batches (up to shutdown_timeout_s): it is progress, not a hang,
+        # so the watchdog keeps being fed meanwhile.
+        done = threading.Event()
+        interval = _watchdog_interval()
+        if interval:
+            threading.Thread(target=_feed_watchdog, args=(done, interval), daemon=True).start()
+        try:
+            self._apply(new)
+        finally:
+            done.set()
+        notify(READY="1", STATUS=self.status_line())
+
+    def _apply(self, new: LakefeedConfig) -> None:
+        self.config_problems = []
+        self.needs_restart = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.cfg, f)]
+        old = {e.name: e for e in self.cfg.entities}
+        wanted = {e.name: e for e in new.entities}
+        removed = [n for n in old if n not in wanted]
+        added = [n for n in wanted if n not in old]
+        changed = [n for n in wanted if n in old and wanted[n] != old[n]]
+        in_place = {n: _changed_record_sources(old[n], wanted[n]) for n in changed}
+        in_place = {n: streams for n, streams in in_place.items() if streams is not None}
+        for name, streams in in_place.items():
+            self._reconfigure(name, wanted[name], streams)
+        changed = [n for n in changed if n not in in_place]
+        for name in removed + changed:
+            self._stop_entity(name)
+        if self.intake is not None:  # gone: their pushes get 404 now, not 503
+            self.intake.resume([(n, p.name) for n in removed for p in old[n].push])
+        if new.log_level != self.cfg.log_level:
+            log.configure(new.log_level)
+        # What needs a restart keeps its running value until then.
+        self.cfg = new.model_copy(update={f: getattr(self.cfg, f) for f in self.needs_restart})
+        for name in changed + added:
+            self._start(wanted[name])
+        for name in changed:
+            if self.intake is not None:
+                self.intake.resume([(name, p.name) for p in self.runners[name].cfg.push])
+        _log.info("reload.applied", added=added, removed=removed, restarted=changed,
+                  sources_restarted={n: s for n, s in in_place.items()},
+                  unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
+                  needs_restart=self.needs_restart)
+
+
+def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:
+    """The push/Kafka sources that differ, when nothing else of the entity does (else None)."""
+    if old.model_copy(update={"push": new.push, "kafka": new.kafka}) != new:
+        return None
+    before = {s.name: s for s in (*old.push, *old.kafka)}
+    after = {s.name: s for s in (*new.push, *new.kafka)}
+    return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+
+
+def _leads_own_session() -> bool:
+    """Whether this process leads a session of its own (systemd, setsid) on a kernel with scheduler autogroups.
+
+    Such a kernel shares the CPU fairly between sessions first and applies nice values only within one: the
+    whole session (intake, JVM, Python workers) then competed as one with every other session, and the
+    intake got the CPU it needs only as long as Spark left the session's share unused. Leading its own
+    session, the daemon gives the intake a session (an autogroup) of its own and makes its own autogroup
+    `spark.nice` nicer. A daemon in someone else's session (a terminal's, a test runner's) leaves that
+    session's autogroup alone: lowering it would lower the terminal's priority too, for as long as it lives."""
+    if os.getsid(0) != os.getpid():
+        return False
+    try:
+        # Empty in the root group (init's session, and every process that never left it): no nice to set.
+        return bool(_AUTOGROUP.read_text(encoding="ascii").strip())
+    except OSError:  # a kernel without autogroups
+        return False
+
+
+def _lower_priority(nice: int, autogroup: bool) -> None:
+    """Make this thread, and every thread and process it starts from now on (Spark's JVM and Python workers,
+    the batches), `nice` nicer; with `autogroup`, this session's scheduler autogroup too. Threads started
+    before keep their priority: the intake's launcher among them."""
+    if not nice:
+        return
+    try:
+        os.nice(nice)
+    except OSError as exc:  # a sandbox may forbid it: everything runs alike then
+        _log.warning("priority.unchanged", nice=nice, error=str(exc))
+    if autogroup:
+        try:
+            _AUTOGROUP.write_text(str(nice), encoding="ascii")
+        except OSError as exc:  # e.g. a read-only /proc: sessions then share the CPU as equals
+            _log.warning("priority.autogroup_unchanged", nice=nice, error=str(exc))
+
+
+def _feed_watchdog(done: threading.Event, interval: float) -> None:
+    while not done.wait(interval):
+        notify(WATCHDOG="1")
+
+
+def _watchdog_interval() -> float:
+    """Half of systemd's WatchdogSec (WATCHDOG_USEC), when the watchdog is meant for this process."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return 0.0
+    return int(usec) / 2e6

@@ -1,0 +1,287 @@
+"""The commit protocol: a read batch into the quarantine, changelog and current-state tables, once.
+
+Every commit carries the application transaction (app_id, batch id); each table is skipped
+when it already recorded the batch, so a batch Spark replays after a crash completes what
+was missing and repeats nothing. Append entities write the changelog and the table side by
+side; keyed entities MERGE into the table first and derive the changelog from what that
+commit changed (its change data feed), so a replay finds the same changes again.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed import clock, failpoints
+from lakefeed.batch import cdc, event_time
+from lakefeed.batch.changelog import build_changelog, data_columns, quarantine_table
+from lakefeed.batch.read import BadRow
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.inbox.storage import Storage
+from lakefeed.manifests.cdm import METADATA_KEY
+
+SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is
+
+
+@dataclass
+class Sinks:
+    table: TableSink
+    changelog: TableSink
+    quarantine: TableSink
+    history: TableSink | None = None
+    tombstones: TableSink | None = None
+
+    @classmethod
+    def delta_rs(cls, cfg: EntityConfig) -> Sinks:
+        return cls(delta_sink(cfg, cfg.table), delta_sink(cfg, cfg.changelog, unique_columns=("offset",)),
+                   delta_sink(cfg, cfg.quarantine), delta_sink(cfg, cfg.history) if cfg.cdc.history else None,
+                   delta_sink(cfg, cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
+
+
+def delta_sink(cfg: EntityConfig, location: Path | str, **kwargs: Any) -> DeltaRsSink:
+    """The Delta table at one of the entity's locations, local or in its object store."""
+    return DeltaRsSink(location, storage_options=Storage(cfg.storage).delta_options(location), **kwargs)
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    files: int = 0
+    rows: int = 0
+    quarantined: int = 0
+    unmatched: int = 0
+    changes: int = 0
+    late: int = 0
+    deletes_of_absent: int = 0
+    stale: int = 0
+    skipped: bool = False
+    watermark: datetime | None = None
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ChangelogOffsets:
+    """The next changelog offset, shared by every stream committing to one entity (one at a time)."""
+
+    def __init__(self, changelog: TableSink) -> None:
+        self._changelog = changelog
+        self.next: int | None = None
+
+    def start(self) -> int:
+        if self.next is None:
+            last = self._changelog.max_of("offset")
+            self.next = 0 if last is None else int(last) + 1
+        return self.next
+
+
+class Committer:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks, app_id: str, offsets: ChangelogOffsets) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.app_id = app_id
+        self._offsets = offsets
+        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
+
+    def done(self, sink: TableSink, batch_id: int) -> bool:
+        version = sink.committed_version(self.app_id)
+        return version is not None and version >= batch_id
+
+    def all_done(self, batch_id: int) -> bool:
+        """Every table a batch ends in has it, so a replay has nothing left to do."""
+        sinks = (self.sinks.table, self.sinks.changelog, self.sinks.history)
+        return all(self.done(sink, batch_id) for sink in sinks if sink is not None)
+
+    def watermark_before(self, batch_id: int) -> datetime | None:
+        """The watermark as it stood before this batch (a replay must see what the first run saw)."""
+        value = self.sinks.table.latest_metadata(event_time.WATERMARK_KEY, self.app_id, batch_id)
+        return clock.from_cdm(value) if value else None
+
+    def commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
+               checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
+        """Commit a batch; `snapshot_file` is the location of the batch's last file for snapshot entities."""
+        batch_id = result.batch_id
+        meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
+        if snapshot_file is not None:
+            meta[SNAPSHOT_KEY] = snapshot_file
+        if self.cfg.cdc.keyed and data is not None:
+            data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
+            bad = [*bad, *bad_kinds]
+        watermark = self.watermark_before(batch_id)
+        if data is not None and self.cfg.event_time.late_policy != "apply":
+            late = event_time.late_mask(data, watermark)
+            if late.any():
+                result.late = int(late.sum())
+                if self.cfg.event_time.late_policy == "quarantine":
+                    reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
+                    bad = [*bad, *cdc.bad_rows(data.filter(pa.array(late)), reason)]
+                else:
+                    log_.info("rows.late_dropped", rows=result.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
+                data = data.filter(pa.array(~late))
+        new_watermark = event_time.advance(watermark, data, self.cfg.event_time)
+        result.watermark = new_watermark
+        reduced = None
+        if self.cfg.cdc.keyed:
+            reduced = self._reduce(data, snapshot_file, checked_at)
+            if reduced is not None:
+                reduced = self._drop_stale(reduced, result)
+            if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
+                reduced, absent = self._absent_updates(reduced)
+                bad = [*bad, *absent]
+        if bad and not self.done(self.sinks.quarantine, batch_id):
+            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
+                                         self.app_id, batch_id, meta)
+            for path, row in bad:
+                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+            failpoints.reached("commit.quarantine")
+        result.quarantined = len(bad)
+        result.rows = data.num_rows if data is not None else 0
+        if data is None and not result.partitions:
+            log_.info("batch.empty", unmatched=result.unmatched)
+            return
+        table_meta = {**meta, METADATA_KEY: json.dumps({"checked": clock.to_cdm(checked_at),
+                                                        "partitions": result.partitions})}
+        if new_watermark is not None:
+            table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
+        try:
+            if self.cfg.cdc.keyed:
+                self._merge(reduced, batch_id, table_meta, checked_at, result)
+            else:
+                self._append(data, batch_id, meta, table_meta, checked_at, log_)
+        except BaseException:
+            self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
+            raise
+        log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
+                  quarantined=len(bad), unmatched=result.unmatched, late=result.late,
+                  deletes_of_absent=result.deletes_of_absent, stale=result.stale,
+                  watermark=clock.to_cdm(new_watermark) if new_watermark else None)
+
+    def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
+                checked_at: datetime, log_: Any) -> None:
+        writes = []
+        if data is not None and not self.done(self.sinks.changelog, batch_id):
+            first = self._offsets.start()
+            changelog = build_changelog(data, first, batch_id, checked_at)
+            writes.append(lambda: self.sinks.changelog.append(changelog, self.app_id, batch_id, meta))
+            self._offsets.next = first + data.num_rows
+        if not self.done(self.sinks.table, batch_id):
+            schema = self.sinks.table.schema()
+            rows = data_columns(data) if data is not None else \
+                schema.empty_table() if schema is not None else None
+            if rows is not None:
+                writes.append(lambda: self.sinks.table.append(rows, self.app_id, batch_id, table_meta))
+            else:
+                log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
+        # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
+        futures = [self._writers.submit(write) for write in writes]
+        wait(futures)  # never leave a write running behind a failed batch
+        for future in futures:
+            future.result()
+
+    def _reduce(self, data: pa.Table | None, snapshot_file: str | None, checked_at: datetime) -> pa.Table | None:
+        schema = self.sinks.table.schema()
+        if data is None and snapshot_file is not None and schema is not None:
+            # An empty snapshot still says what the state is: nothing.
+            data = schema.empty_table()
+            for name, column in ((cdc.KIND, pa.array([], pa.string())), (cdc.ORDER, pa.array([], pa.int64())),
+                                 ("source_file", pa.array([], pa.string())),
+                                 (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
+                data = data.append_column(name, column)
+        return cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
+
+    def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+        """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""
+        updates = pc.equal(reduced.column(cdc.KIND), "update").to_numpy(zero_copy_only=False)
+        if not updates.any():
+            return reduced, []
+        keys = list(self.cfg.cdc.primary_key)
+        present = self.sinks.table.lookup(reduced.filter(pa.array(updates)).select(keys))
+        found = present.append_column("__present", pa.array(np.ones(present.num_rows, dtype=bool)))
+        absent = updates & _beside(reduced, found, keys).column("__present").is_null().to_numpy(zero_copy_only=False)
+        if not absent.any():
+            return reduced, []
+        bad = cdc.bad_rows(reduced.filter(pa.array(absent)), "update of a key the table does not hold")
+        return reduced.filter(pa.array(~absent)), bad
+
+    def _drop_stale(self, reduced: pa.Table, result: BatchResult) -> pa.Table:
+        """Changes older than a deletion of their key are stale: the deletion is newer and stays."""
+        tombstones, keys, seq = self.sinks.tombstones, list(self.cfg.cdc.primary_key), self.cfg.cdc.sequence_by
+        if tombstones is None or reduced.num_rows == 0:
+            return reduced
+        found = tombstones.lookup(reduced.select(keys), seq)
+        if found.num_rows == 0:
+            return reduced
+        found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
+        joined = _beside(reduced, found, keys)
+        older = np.zeros(reduced.num_rows, dtype=bool)
+        equal = np.ones(reduced.num_rows, dtype=bool)
+        for c in seq:  # lexicographic: older at the first sequence column that differs
+            mine, tomb = reduced.column(c), joined.column(f"__tomb_{c}")
+            older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
+            equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
+        result.stale = int(older.sum())
+        return reduced.filter(pa.array(~older)) if older.any() else reduced
+
+    def _bury(self, reduced: pa.Table, batch_id: int) -> None:
+        """Record the sequence of every deletion of the batch (newest per key wins)."""
+        tombstones = self.sinks.tombstones
+        if tombstones is None or self.done(tombstones, batch_id):
+            return
+        keys, seq = self.cfg.cdc.primary_key, self.cfg.cdc.sequence_by
+        deletes = reduced.filter(pc.equal(reduced.column(cdc.KIND), "delete")).select([*keys, *seq])
+        deletes = deletes.append_column(cdc.KIND, pa.array(np.full(deletes.num_rows, "upsert", dtype=object),
+                                                           pa.string()))
+        plan = cdc.MergePlan(keys, seq, seq, snapshot=False, insert_updates_of_absent=True)
+        tombstones.merge(deletes, plan, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+
+    def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
+               result: BatchResult) -> None:
+        keys = self.cfg.cdc.primary_key
+        if self.done(self.sinks.table, batch_id):
+            version = self.sinks.table.version_of(self.app_id, batch_id)
+        elif reduced is not None:
+            source = data_columns(reduced).append_column(cdc.KIND, reduced.column(cdc.KIND))
+            plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND])
+            version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
+            failpoints.reached("commit.table")
+        else:
+            schema = self.sinks.table.schema()  # files without rows: still record their partitions
+            if schema is not None:
+                self.sinks.table.append(schema.empty_table(), self.app_id, batch_id, table_meta)
+            return
+        if reduced is not None:
+            self._bury(reduced, batch_id)
+        history = self.sinks.history
+        history_due = history is not None and not self.done(history, batch_id)
+        if version is None or reduced is None or (self.done(self.sinks.changelog, batch_id) and not history_due):
+            return
+        changes = self.sinks.table.changes(version)
+        result.changes = changes.num_rows
+        if self.cfg.cdc.strategy != "snapshot":
+            deletes = pc.sum(pc.equal(reduced.column(cdc.KIND), "delete")).as_py() or 0
+            retracted = pc.sum(pc.equal(changes.column("_change_type"), "delete")).as_py() or 0
+            result.deletes_of_absent = max(0, deletes - retracted)  # counted, not errors
+        if not changes.num_rows:
+            return
+        first = self._offsets.start()
+        rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
+        if not self.done(self.sinks.changelog, batch_id):
+            self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+            self._offsets.next = first + rows.num_rows
+            failpoints.reached("commit.changelog")
+        if history is not None and history_due:
+            history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
+
+
+def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
+    """`found`'s columns beside each row of `rows` (null where its key is not in `found`), in row order."""
+    numbered = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    return numbered.join(found, keys=keys, join_type="left outer").sort_by("__row")

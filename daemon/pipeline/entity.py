@@ -1,0 +1,348 @@
+"""One micro-batch of an entity: discover → read → commit → manifests.
+
+Called from the streaming query's foreachBatch with the inbox records of the batch. Files
+are matched to partitions, read side by side, given their partition arguments, provenance
+and (for keyed entities) change kind, then handed to the commit protocol (daemon/pipeline/commit.py)
+with app_id = lakefeed + entity + Spark query id and the batch id; the manifest keeper
+then brings the manifest up to date from what was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed import clock, failpoints, log
+from lakefeed.batch import cdc, event_time, frames, messages
+from lakefeed.batch.discovery import Discovery, Partition
+from lakefeed.batch.read import BadRow, FileRead, conform, read_file
+from lakefeed.batch.schema import from_entity_document
+from lakefeed.config.model import FILES, EntityConfig
+from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.inbox import storage
+from lakefeed.inbox.files import InboxRecord
+from lakefeed.inbox.spool import Entry
+from lakefeed.inbox.storage import Mirror, Storage
+from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
+
+_log = log.get(__name__)
+
+
+class EntityPipeline:
+    """One per entity, shared by its streams (one streaming query per source); commits take turns."""
+
+    def __init__(self, cfg: EntityConfig, sinks: Sinks) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.root = cfg.manifest.parent
+        self.storage = Storage(cfg.storage)
+        # An S3 entity's manifests are worked on locally and published to its bucket folder.
+        self.mirror = Mirror(self.storage, self.root, cfg.manifest_url.rsplit("/", 1)[0]) if cfg.manifest_url else None
+        self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
+        self._offsets = ChangelogOffsets(sinks.changelog)
+        self._committers: dict[str, Committer] = {}
+        self._lock = threading.Lock()
+        # Told the schema pushes are checked against after each commit (the intake process, daemon/intake/client.py).
+        self.on_schema: Callable[[pa.Schema | str | None], None] = lambda _: None
+        # pyarrow releases the GIL while parsing: files are read side by side.
+        self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
+
+    def prepare(self) -> None:
+        """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
+        if self.mirror is not None:
+            self.mirror.pull(self.cfg.manifest)
+        entity = ensure_entity(self.cfg)
+        document = schema_document(self.root, entity)
+        if self.mirror is not None and document is not None:
+            self.mirror.pull(document)
+        self.keeper.refresh()
+        if self.mirror is not None:  # whatever a crash kept from the bucket
+            self.mirror.publish([p for p in (document, self.cfg.manifest) if p is not None])
+
+    def app_id(self, stream: str = FILES) -> str:
+        return self.committer(stream).app_id
+
+    def committer(self, stream: str = FILES) -> Committer:
+        if stream not in self._committers:
+            # Spark writes the query id into the checkpoint before the first batch; it survives restarts.
+            meta = json.loads((self.cfg.stream_checkpoint(stream) / "metadata").read_text(encoding="utf-8"))
+            app_id = f"lakefeed:{self.cfg.name}:{meta['id']}"
+            self._committers[stream] = Committer(self.cfg, self.sinks, app_id, self._offsets)
+        return self._committers[stream]
+
+    def forget(self, stream: str) -> None:
+        """A stream stopped: its committer is made afresh if it starts again (with its new config)."""
+        with self._lock:
+            self._committers.pop(stream, None)
+
+    def push_schema(self) -> pa.Schema | str | None:
+        """The schema pushed records are checked against, read afresh: the table's, else the one the manifest
+        declares (None: neither yet); a str says why it cannot be read."""
+        try:
+            return self._read_schema()
+        except Exception as exc:  # the intake answers pushes with 503 and the reason until a commit reads it
+            return f"{type(exc).__name__}: {exc}"
+
+    def _read_schema(self) -> pa.Schema | None:
+        schema = self.sinks.table.schema()
+        if schema is None:
+            doc = cdm_manifest.load(self.cfg.manifest)
+            schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
+        return _without(schema, {})
+
+    def _table_changed(self) -> None:
+        """A commit may have created or evolved the table: with push sources, its schema is read again here, in
+        the batch's thread, and handed on to the intake, which checks requests against it."""
+        if self.cfg.push:
+            self.on_schema(self.push_schema())
+
+    def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
+        """A micro-batch of the file source."""
+        with self._lock:
+            try:
+                return self._process_files(records, batch_id)
+            finally:
+                self._table_changed()
+
+    def process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
+        """A micro-batch of a push source: spool frames, validated when they were acknowledged."""
+        with self._lock:
+            try:
+                return self._process_frames(stream, entries, batch_id)
+            finally:
+                self._table_changed()
+
+    def _process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, stream=stream, batch_id=batch_id)
+        committer = self.committer(stream)
+        if not entries:
+            return result
+        if committer.all_done(batch_id):
+            log_.info("batch.replay_skipped", frames=len(entries))
+            result.skipped = True
+            return result
+        checked_at = clock.now()
+        target = _without(self.sinks.table.schema(), {})
+        data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
+        result.files += len(entries)
+        snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
+        committer.commit(data, bad, result, checked_at, log_, snapshot)
+        self.keeper.refresh()
+        return result
+
+    def process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
+        """A micro-batch of a Kafka source: the messages as Arrow (topic, partition, offset, key, value, …)."""
+        with self._lock:
+            try:
+                return self._process_messages(stream, batch, batch_id)
+            finally:
+                self._table_changed()
+
+    def _process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, stream=stream, batch_id=batch_id)
+        committer = self.committer(stream)
+        if batch.num_rows == 0:
+            return result
+        if committer.all_done(batch_id):
+            log_.info("batch.replay_skipped", messages=batch.num_rows)
+            result.skipped = True
+            return result
+        checked_at = clock.now()
+        source = self.cfg.kafka_source(stream)
+        assert source is not None
+        rows, bad, tombstones = messages.decode(batch, source, self.cfg.cdc.debezium)
+        if tombstones:
+            log_.info("kafka.tombstones_skipped", messages=tombstones)
+        result.files = batch.num_rows
+        data = None
+        if rows is not None:
+            read = conform(rows, _without(self.sinks.table.schema(), {}))
+            bad.extend((f"kafka/{stream}", b) for b in read.bad)
+            data = read.table
+            assert data is not None
+            if self.cfg.cdc.keyed:
+                data = cdc.tag(data, cdc.file_kind(self.cfg.cdc, None), batch_id)
+            data, bad_times = event_time.stamp(data, self.cfg.event_time, "", 0, checked_at)
+            bad.extend((f"kafka/{stream}", b) for b in bad_times)
+        committer.commit(data, bad, result, checked_at, log_)
+        self.keeper.refresh()
+        return result
+
+    def _process_files(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
+        result = BatchResult(batch_id)
+        log_ = _log.bind(entity=self.cfg.name, batch_id=batch_id)
+        if not records:
+            return result
+        committer = self.committer()
+        if committer.all_done(batch_id):
+            log_.info("batch.replay_skipped", files=len(records))
+            result.skipped = True
+            self.keeper.refresh()
+            return result
+        checked_at = clock.now()
+        doc = cdm_manifest.load(self.cfg.manifest)
+        entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
+        discovery = Discovery.from_entity(entity, self.keeper.owned())
+        target = self.sinks.table.schema() or self._declared_schema(entity)
+        matched, removed = [], {}
+        for rec in records:
+            partition = self._discover(discovery, rec, log_)
+            if partition is None:
+                result.unmatched += 1
+            elif rec.removed:
+                removed[rec.offset] = partition
+            else:
+                matched.append((rec, partition))
+        if target is None and matched:
+            # The first file ever fixes the table's types; the others are read against them.
+            first = self._read(*matched[0], None, checked_at, log_)
+            target = first[1].schema if first is not None and first[1] is not None else None
+            reads = [first, *self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched[1:])]
+        else:
+            reads = list(self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched))
+        tables: list[pa.Table] = []
+        bad: list[tuple[str, BadRow]] = []
+        reads_of = {rec.offset: read for (rec, _), read in zip(matched, reads, strict=True)}
+        partition_of = {rec.offset: partition for rec, partition in matched}
+        for rec in records:  # in inbox order: a removal and a new version of one object stay in order
+            if rec.offset in removed:
+                stamp = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+                result.partitions.append(partition_record(removed[rec.offset], stamp, removed=True))
+                continue
+            read = reads_of.get(rec.offset)
+            if read is None:
+                continue
+            location, table, file_bad = read
+            bad.extend((location, b) for b in file_bad)
+            if table is not None:
+                tables.append(table)
+            result.files += 1
+            result.partitions.append(partition_record(partition_of[rec.offset],
+                                                      clock.to_cdm(clock.from_ns(rec.mtime_ns))))
+        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        snapshot_file = None
+        if self.cfg.cdc.strategy == "snapshot":
+            snapshot_file, retracted = self._snapshot_file(records, removed, reads_of, log_)
+            if retracted and data is not None:  # its rows, read before it went, are not the state either
+                data = data.filter(pc.not_equal(data.column("source_file"), retracted))
+        failpoints.reached("batch.discovered")
+        committer.commit(data, bad, result, checked_at, log_, snapshot_file)
+        self.keeper.refresh()
+        return result
+
+    def _snapshot_file(self, records: list[InboxRecord], removed: dict[int, Partition],
+                       reads_of: dict[int, tuple | None], log_) -> tuple[str | None, str | None]:
+        """The location the state is after this batch (its last snapshot read, or the current one if its
+        object was removed and the policy retracts it), and that retracted location if so."""
+        current = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
+        chosen = retracted = None
+        for rec in records:
+            if rec.offset in removed:
+                location = removed[rec.offset].location
+                if location == current and self.cfg.cdc.on_snapshot_removed == "retract":
+                    chosen = retracted = location
+                    log_.warning("snapshot.retracted", location=location,
+                                 reason="the object of the current snapshot was deleted (on_snapshot_removed: "
+                                        "retract)")
+            elif (read := reads_of.get(rec.offset)) is not None:
+                chosen = current = read[0]
+                retracted = None if retracted == current else retracted
+        return chosen, retracted
+
+    def _relative(self, path: str) -> str:
+        """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""
+        if self.mirror is not None:
+            return path.removeprefix(self.mirror.url)
+        return Path(os.path.relpath(path, self.root)).as_posix()
+
+    def _discover(self, discovery: Discovery, rec: InboxRecord, log_) -> Partition | None:
+        relative = self._relative(rec.path)
+        partition = discovery.match(relative)
+        if partition is None:
+            log_.warning("file.unmatched", file=rec.path, relative=relative,
+                         reason="no partition pattern or explicit partition of the entity matches it")
+        else:
+            log_.info("file.discovered", file=rec.path, location=partition.location,
+                      arguments=partition.arguments, incremental=partition.incremental_type)
+        return partition
+
+    def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None, checked_at: datetime,
+              log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
+        """(location, rows with partition columns, provenance, change kind and event time, bad rows),
+        or None when the file is not there to read."""
+        if storage.is_s3(rec.path):  # read from a local copy, made once
+            path = self.cfg.state / "staging" / f"{rec.offset}-{os.path.basename(rec.path)}"
+            found = self.storage.fetch(rec.path, path)
+            now = None if found is None else (found.size, found.mtime_ns)
+        else:
+            path = Path(rec.path)
+            try:
+                st = path.stat()
+                now = (st.st_size, st.st_mtime_ns)
+            except FileNotFoundError:
+                now = None
+        try:
+            if now is None:
+                log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
+                return None
+            if now != (rec.size, rec.mtime_ns):
+                # Rewritten since it was enqueued: its new version has its own, later inbox record.
+                log_.info("file.superseded", file=rec.path)
+                return None
+            file_target = _without(target, partition.arguments)
+            try:
+                read = read_file(path, self.cfg.format, None if self.cfg.cdc.debezium else file_target)
+            except FileNotFoundError:
+                log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
+                return None
+        finally:
+            if path != Path(rec.path):
+                path.unlink(missing_ok=True)
+        if self.cfg.cdc.debezium and read.table is not None:
+            unwrapped = conform(cdc.unwrap_debezium(read.table), file_target)
+            read = FileRead(unwrapped.table, [*read.bad, *unwrapped.bad])
+        location = partition.location
+        if read.table is None:
+            return location, None, read.bad
+        table = _with_arguments(read.table, partition, location)
+        if self.cfg.cdc.keyed:
+            table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, partition.incremental_type), rec.offset)
+        elif partition.incremental_type not in (None, "Insert"):
+            reason = (f"a {partition.incremental_type} partition needs a keyed entity: set cdc.strategy and "
+                      "cdc.primary_key to apply it")
+            return location, None, [*read.bad, BadRow(None, reason, f"{table.num_rows} rows not applied")]
+        table, bad_times = event_time.stamp(table, self.cfg.event_time, location, rec.mtime_ns, checked_at)
+        return location, table, [*read.bad, *bad_times]
+
+    def _declared_schema(self, entity: dict) -> pa.Schema | None:
+        document = schema_document(self.root, entity)
+        if document is None or not document.exists():
+            return None
+        return from_entity_document(document, self.cfg.name)
+
+def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
+    for name, values in partition.arguments.items():
+        if name in table.column_names:
+            continue  # the data's own column wins; the argument stays in the manifest
+        value = values[0] if len(values) == 1 else json.dumps(values)
+        table = table.append_column(name, pa.repeat(pa.scalar(value, pa.string()), table.num_rows))
+    return table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))
+
+
+def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Schema | None:
+    """The file's part of a schema: partition arguments come from the path, provenance from lakefeed."""
+    if schema is None:
+        return None
+    return pa.schema([f for f in schema if f.name not in arguments and f.name != "source_file"
+                      and not f.name.startswith("__")])
