@@ -1,4 +1,4 @@
-"""What the benchmarks share: an overall deadline and progress lines on stderr."""
+"""What the benchmarks share: an overall deadline, progress lines on stderr, and `--smoke`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 class BenchError(Exception):
@@ -38,6 +39,26 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
 
 def say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- --smoke
+
+SMOKE_HELP = ("smoke run: tiny sizes and short phases (the bench's SMOKE settings), the same code paths, baselines "
+              "and JSON report as the full run, in seconds (tests/test_benches.py); options given explicitly win")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict[str, Any]) -> argparse.Namespace:
+    """Parse with a `--smoke` flag added: with it, `smoke` (argument dest -> value) replaces the defaults."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    known = {a.dest for a in parser._actions}
+    unknown = set(smoke) - known
+    if unknown:
+        raise ValueError(f"smoke settings for unknown arguments: {sorted(unknown)}")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        parser.set_defaults(**smoke)
+        args = parser.parse_args(argv)
+    return args
 
 
 # --------------------------------------------------------------------------- processes and the daemon's log

@@ -9,7 +9,8 @@ fresh copy of the same table (the copy is not timed):
   files (rows + `source_file`, tagged with kind and arrival order, and stamped with an event time
   where lakefeed has them), strategy upsert_and_delete (boolean `IsDelete` column), sequence_by
   `seq`: resolve kinds, reduce, one delta-rs MERGE, the commit's change data feed, the changelog
-  rows and their append to the changelog table (which already exists, as in steady state).
+  rows and their append to the changelog table (which already exists, as in steady state), and the
+  tombstones of the deletions (lookup of stale changes, merge of the deletions' sequences).
 * bare: the batch reduced beforehand (not timed), then one plain `DeltaTable.merge` (delete when
   flagged and newer, update_all when newer, insert_all when not flagged) on the same table with
   the change data feed enabled, as lakefeed's tables have it.
@@ -18,7 +19,7 @@ fresh copy of the same table (the copy is not timed):
 Timed: the call only; the table is opened beforehand in both (the daemon keeps it open). The
 lakefeed child also times its parts (perf_counter wrappers around the same functions, in the
 same run): resolve_kinds, reduce, merge (delta-rs execute and the rest), change data feed,
-changelog rows, changelog append, bookkeeping. Reported per variant: best and median of
+changelog rows, changelog append, tombstones, bookkeeping. Reported per variant: best and median of
 `--repeat` runs; ratios: best/best, median/median, the median of back-to-back pairs, and the
 bare merge plus lakefeed's time outside delta-rs's merge (the least sensitive to a busy machine).
 
@@ -32,7 +33,9 @@ have left their rows alone, and the counts must match an independent computation
 Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the run
 completed and every check passed (whether or not the ratio goal is met), 1 otherwise.
 
-    python bench/cdc_merge.py [--sizes 1000000,10000000] [--changes 100000] [--repeat 1] [--keep]
+    python bench/cdc_merge.py [--sizes 1000000,10000000] [--changes 100000] [--repeat 1] [--keep] [--smoke]
+
+`--smoke`: tables of 5k and 20k rows, 1,000 changes, every variant, in seconds.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from _common import BenchError, Deadline, say  # bench/ is the script folder, so on sys.path
+from _common import BenchError, Deadline, parse_args, say  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable, write_deltalake
 
 GOAL_RATIO = 1.2
@@ -64,6 +67,7 @@ CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports",
 _TS = pa.timestamp("us", tz="UTC")
 _T0 = int(np.datetime64("2024-01-01T00:00:00", "us").astype(np.int64))
 VARIANTS = ("bare", "lakefeed", "bare_nocdf")
+SMOKE = {"sizes": "5000,20000", "changes": 1000, "file_rows": 10_000, "timeout": 300.0}
 # The plain merge a user would write for "last write by seq wins, IsDelete deletes".
 BARE_ON = "t.id = s.id"
 BARE_DELETE = "s.IsDelete AND s.seq >= t.seq"
@@ -268,7 +272,7 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     from lakefeed.batch import cdc
     from lakefeed.batch.changelog import assemble
     from lakefeed.config.model import CdcConfig, EntityConfig, LocalDirSource
-    from lakefeed.pipeline.commit import BatchResult, Committer, Sinks
+    from lakefeed.pipeline.commit import BatchResult, ChangelogOffsets, Committer, Sinks
 
     try:
         from lakefeed.batch import event_time
@@ -305,7 +309,8 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     mem.mark("batch_read")
     sinks = Sinks.delta_rs(cfg)
     app_id = "lakefeed:bench:0000"
-    committer = Committer(cfg, sinks, app_id)
+    # As EntityPipeline builds it: one ChangelogOffsets per entity, shared by its streams' committers.
+    committer = Committer(cfg, sinks, app_id, ChangelogOffsets(sinks.changelog))
     # Steady state: the daemon has the table open and the changelog exists (one earlier batch).
     sinks.table.version()
     mem.mark("table_open")
@@ -335,13 +340,30 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
 
     merge_metrics: dict[str, Any] = {}
     execute = TableMerger.execute
+    tombstones = sinks.tombstones  # the deletions' sequences, merged through delta-rs too: apart from the table's
+    in_tombstones = [False]
 
     def execute_and_keep(self: Any) -> dict[str, Any]:
-        m = execute(self)
+        if in_tombstones[0]:
+            return execute(self)
+        m = timed("merge.execute", execute)(self)
         merge_metrics.update(m)
         return m
 
-    TableMerger.execute = timed("merge.execute", execute_and_keep)  # type: ignore[method-assign]
+    def tombstone_call(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            in_tombstones[0] = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                in_tombstones[0] = False
+        return timed("tombstones", wrapper)
+
+    TableMerger.execute = execute_and_keep  # type: ignore[method-assign]
+    if tombstones is not None:
+        tombstones.lookup = tombstone_call(tombstones.lookup)
+        tombstones.merge = tombstone_call(tombstones.merge)
+        tombstones.committed_version = timed("done_checks", tombstones.committed_version)
     load_cdf = DeltaTable.load_cdf
     DeltaTable.load_cdf = timed("changes.load_cdf", load_cdf)  # type: ignore[method-assign]
     for name in ("resolve_kinds", "reduce", "plan", "changelog_rows"):
@@ -377,6 +399,7 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
         "changelog_max_offset": times.get("changelog_max_offset", 0.0),
         "table_schema": times.get("table_schema", 0.0),
         "watermark_lookup": times.get("watermark_lookup", 0.0),
+        "tombstones": times.get("tombstones", 0.0),
     }
     breakdown["unaccounted"] = seconds - sum(breakdown.values())
     return {"seconds": seconds, **memory,
@@ -539,7 +562,7 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, deadline: Deadline)
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000000,10000000", help="table sizes, comma-separated")
     p.add_argument("--changes", type=int, default=100_000, help="rows in the batch of changes")
@@ -550,7 +573,7 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the tables and batches")
     p.add_argument("--timeout", type=float, default=3600.0, help="overall deadline in seconds (default 3600)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse_args(p, argv, SMOKE)
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child.read_text(encoding="utf-8")))), flush=True)
         return 0
@@ -565,8 +588,9 @@ def main() -> int:
         args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cdc_merge_", dir=args.workdir))
     say(f"workdir {work}")
-    report: dict[str, Any] = {"benchmark": "cdc_merge", "goal_ratio": GOAL_RATIO, "changes": args.changes,
-                              "repeat": args.repeat, "strategy": "upsert_and_delete (IsDelete), sequence_by seq",
+    report: dict[str, Any] = {"benchmark": "cdc_merge", "smoke": args.smoke, "goal_ratio": GOAL_RATIO,
+                              "changes": args.changes, "repeat": args.repeat,
+                              "strategy": "upsert_and_delete (IsDelete), sequence_by seq",
                               "cpus": os.cpu_count(), "sizes": {}}
     report["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
     status = 0

@@ -14,7 +14,9 @@ Measures, in one run:
 Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the
 run completed (whether or not the ratio goal is met), 1 on failure or timeout.
 
-    python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep]
+    python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
+
+`--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon and both floors, in seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     kill_group,
     log_events,
     log_tail,
+    parse_args,
     publish,
     say,
     stop_process,
@@ -51,6 +54,7 @@ METADATA_KEY = "lakefeed.partitions"
 GOAL_RATIO = 0.6
 SEED = 20240601
 LAKEFEED = Path(sys.executable).parent / "lakefeed"
+SMOKE = {"files": 6, "rows": 1000, "max_files_per_trigger": 2, "timeout": 300.0}
 
 CONFIG = """\
 lake_dir: lake
@@ -365,11 +369,12 @@ def main(argv: list[str] | None = None) -> int:
                         "event), or landing/_staging (a move inside the watched tree)")
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
 
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-")
-    report: dict = {"files": args.files, "rows": args.files * args.rows, "rows_per_file": args.rows,
+    report: dict = {"bench": "ingest_files", "smoke": args.smoke,
+                    "files": args.files, "rows": args.files * args.rows, "rows_per_file": args.rows,
                     "staging": args.staging,
                     "ok": False, "workdir": str(work)}
     try:

@@ -46,7 +46,10 @@ Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 
 completed (whether or not the goal is met), 1 on failure or timeout.
 
     python bench/kafka_ingest.py [--messages 1000000] [--partitions 4]
-                                 [--max-offsets 200000,500000] [--profile] [--keep]
+                                 [--max-offsets 200000,500000] [--profile] [--keep] [--smoke]
+
+`--smoke`: 10k messages in 2 partitions, one daemon run of 5k messages per trigger between two raw rounds,
+and the components, in about a minute.
 """
 
 from __future__ import annotations
@@ -72,7 +75,18 @@ sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixt
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from _common import BenchError, Deadline, is_intake, kill_group, log_events, log_tail, publish, say, workdir  # noqa: E402  (bench/ is the script folder, so on sys.path)
+from _common import (  # noqa: E402  (bench/ is the script folder, so on sys.path)
+    BenchError,
+    Deadline,
+    is_intake,
+    kill_group,
+    log_events,
+    log_tail,
+    parse_args,
+    publish,
+    say,
+    workdir,
+)
 from deltalake import DeltaTable  # noqa: E402
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
@@ -84,6 +98,7 @@ TOPIC = "bench"
 GOAL_RATIO = 0.8
 MAX_RECORDS = 100_000  # per poll() of the raw loop
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+SMOKE = {"messages": 10_000, "partitions": 2, "max_offsets": "5000", "timeout": 300.0}
 COUNTRIES = ["DE", "FR", "NL", "US", "GB", "ES", "IT", "PL", "SE", "JP"]
 
 CONFIG = """\
@@ -640,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", type=float, default=2400.0, help="overall deadline in seconds (default 2400)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
     caps = [int(x) for x in args.max_offsets.split(",") if x.strip()]
     if not caps or min(caps) <= 0 or args.messages <= 0 or args.partitions <= 0:
@@ -648,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-kafka-")
     n, parts = args.messages, args.partitions
-    report: dict[str, Any] = {"bench": "kafka_ingest", "messages": n, "partitions": parts,
+    report: dict[str, Any] = {"bench": "kafka_ingest", "smoke": args.smoke, "messages": n, "partitions": parts,
                               "value_bytes": len(value(n // 2)), "max_offsets_per_trigger": caps,
                               "trigger_interval_s": args.trigger_interval, "cpus": os.cpu_count(),
                               "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -40,6 +40,11 @@ completed with every acknowledged record in its table exactly once and exit code
 daemons (whether or not the pause goal is met), 1 otherwise.
 
     python bench/lifecycle.py [--cold-runs 3] [--entities 10] [--rate 20] [--steady 32] [--after 26] [--keep]
+                              [--smoke]
+
+`--smoke`: one cold start (and bare session), then 2 entities at 5 requests/s with both reloads, 12 s of steady
+load before the first and 4 s after each (a control window needs 2 s of steady time beside it), in about a
+minute.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     Deadline,
     cpu_of,
     kill_group,
+    parse_args,
     publish,
     say,
 )
@@ -85,6 +91,8 @@ SOURCE = "api"
 REQUEST_TIMEOUT_S = 30.0
 MAX_INFLIGHT = 200  # per entity: beyond it a scheduled request is skipped (and counted)
 MIN_BASELINE_S = 8.0  # a steady window shorter than this leaves no room for a control window
+SMOKE = {"cold_runs": 1, "entities": 2, "rate": 5.0, "batch": 5, "steady": 12.0, "warmup": 2.0, "after": 4.0,
+         "settle": 1.0, "min_baseline": 2.0, "timeout": 300.0}
 SPARK_BASELINE = """\
 from pyspark.sql import SparkSession
 session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
@@ -650,7 +658,7 @@ def analyse(daemon: Daemon, load: Load, names: list[str], marks: list[dict[str, 
         until = marks[k + 1]["pairs"][0][0] if k + 1 < len(marks) else load.stopped
         end = min(until, hi + args.settle)
         windows = {"steady": (since, lo), "reload": (lo, end)}
-        if lo - (end - lo) - since >= MIN_BASELINE_S:
+        if lo - (end - lo) - since >= args.min_baseline:
             windows = {"steady": (since, lo - (end - lo)), "control": (lo - (end - lo), lo), "reload": (lo, end)}
         reloads = [{"reload_s": round(ready - start, 3), "after_sighup_s": round(start - mark["signalled"], 3),
                     "restarted": info.get("restarted"), "sources_restarted": info.get("sources_restarted")}
@@ -741,16 +749,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--changes", default="source,entity",
                    help=f"the reloads to make, in order, from {', '.join(CHANGES)} (default: both)")
     p.add_argument("--settle", type=float, default=3.0, help="seconds after READY=1 still counted as the reload")
+    p.add_argument("--min-baseline", type=float, default=MIN_BASELINE_S,
+                   help=f"steady seconds a control window needs left beside it (default {MIN_BASELINE_S:g})")
     p.add_argument("--timeout", type=float, default=900.0, help="overall deadline in seconds (default 900)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     args.changes = [c.strip() for c in args.changes.split(",") if c.strip()]
     if not args.changes or set(args.changes) - set(CHANGES):
         p.error(f"--changes: a list of {', '.join(CHANGES)}")
     deadline = Deadline(args.timeout)
     work = Path(tempfile.mkdtemp(prefix="lakefeed-lifecycle-"))
-    report: dict[str, Any] = {"bench": "lifecycle", "ok": False, "cores": os.cpu_count(), "loadavg_start": loadavg(),
-                              "pause_threshold_s": args.trigger}
+    report: dict[str, Any] = {"bench": "lifecycle", "smoke": args.smoke, "ok": False, "cores": os.cpu_count(),
+                              "loadavg_start": loadavg(), "pause_threshold_s": args.trigger}
     try:
         say(f"work folder {work}; {os.cpu_count()} cores, load average {report['loadavg_start']}")
         runs, bare = [], []

@@ -34,7 +34,10 @@ Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 
 run completed and every acknowledged record reached the table (whether or not the goals are
 met), 1 otherwise.
 
-    python bench/push_api.py [--seconds 10] [--open-seconds 20] [--open-rate 1000] [--keep]
+    python bench/push_api.py [--seconds 10] [--open-seconds 20] [--open-rate 1000] [--keep] [--smoke]
+
+`--smoke`: every phase and floor for a fraction of a second (the open loop at 200 requests/s for 1 s), in about
+a minute.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     kill_group,
     log_tail,
     machine_busy,
+    parse_args,
     publish,
     ratio,
     say,
@@ -96,6 +100,8 @@ CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
 # (records per request, body format, connections)
 PHASES = [(1, "json", 16), (100, "json", 8), (10_000, "json", 4), (10_000, "ndjson", 4), (10_000, "arrow", 4)]
 FSYNC_GROUP = 16
+SMOKE = {"seconds": 0.5, "warmup": 0.2, "open_rate": 200.0, "open_seconds": 1.0, "open_warmup": 0.3,
+         "fsync_seconds": 0.2, "decode_seconds": 0.2, "trigger_interval": 0.5, "timeout": 300.0}
 
 CONFIG = """\
 lake_dir: lake
@@ -642,14 +648,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     if args.floor_server:
         return serve_floor()
     deadline = Deadline(args.timeout)
     phases = PHASES if args.phases is None else [_phase(spec, p) for spec in args.phases.split(",")]
 
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-push-")
-    report: dict[str, Any] = {"bench": "push_api", "ok": False, "workdir": str(work), "machine": machine(),
+    report: dict[str, Any] = {"bench": "push_api", "smoke": args.smoke, "ok": False, "workdir": str(work),
+                              "machine": machine(),
                               "source": source_tree(),
                               "settings": {k: v for k, v in vars(args).items() if k not in ("floor_server",)}
                               | {"phases": [{"records_per_request": b, "format": k, "connections": c}

@@ -5,7 +5,9 @@ Arrow there. Spark: `spark.read.csv(files, schema=…)` then `DataFrame.toArrow(
 `pyarrow.csv.read_csv` per file (multi-threaded) then `concat_tables`. The same files, the
 same schema, measured in one run after a warm-up of each. Prints one JSON object.
 
-    python bench/read_engines.py [--files 40] [--rows 50000] [--repeat 3]
+    python bench/read_engines.py [--files 40] [--rows 50000] [--repeat 3] [--smoke]
+
+`--smoke`: 4 files x 2,000 rows, read once by each engine after the warm-up.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from _common import parse_args  # bench/ is the script folder, so on sys.path
 
 from lakefeed.config.model import SparkConfig
 from lakefeed.ops import spark as spark_module
@@ -27,6 +30,7 @@ from lakefeed.ops import spark as spark_module
 SCHEMA = pa.schema([("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
                     ("category", pa.string())])
 SPARK_SCHEMA = "id long, customer string, amount double, category string"
+SMOKE = {"files": 4, "rows": 2000, "repeat": 1}
 
 
 def generate(folder: Path, files: int, rows: int) -> list[str]:
@@ -63,12 +67,12 @@ def best_of(repeat: int, fn) -> tuple[float, int]:
     return min(times), rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=40)
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, SMOKE)
     with tempfile.TemporaryDirectory() as tmp:
         paths = generate(Path(tmp), args.files, args.rows)
         session = spark_module.session(SparkConfig(master="local[2]"))
@@ -82,7 +86,7 @@ def main() -> int:
             session.stop()
     assert spark_rows == arrow_rows == args.files * args.rows
     print(json.dumps({
-        "files": args.files, "rows": arrow_rows,
+        "bench": "read_engines", "smoke": args.smoke, "files": args.files, "rows": arrow_rows,
         "spark_rows_per_s": round(spark_rows / spark_s), "pyarrow_rows_per_s": round(arrow_rows / arrow_s),
         "pyarrow_speedup": round(spark_s / arrow_s, 2), "spark_s": round(spark_s, 3), "pyarrow_s": round(arrow_s, 3),
     }))

@@ -32,7 +32,9 @@ client's and the server's work compete). Progress goes to stderr; one JSON objec
 stdout at the end. Exit status 0 when the run completed and every check held, 1 otherwise.
 
     python bench/s3_listing.py [--keys 100000] [--days 200] [--lookback-days 2] [--repeat 5] [--baseline-repeat 3]
-                               [--threads 32] [--keep] [--workdir DIR]
+                               [--threads 32] [--keep] [--workdir DIR] [--smoke]
+
+`--smoke`: 2,000 keys over 20 days, 2 steady-state rounds (the first with the baselines), every check.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     kill_group,
     log_events,
     log_tail,
+    parse_args,
     publish,
     say,
     stop_process,
@@ -86,6 +89,7 @@ ACCESS_KEY, SECRET_KEY = "bench", "benchsecret"
 REGION = "us-east-1"
 LOST = 10  # objects whose notifications were "lost"
 CHUNK = 5000  # uploads per progress line / deadline check
+SMOKE = {"keys": 2000, "days": 20, "repeat": 2, "baseline_repeat": 1, "threads": 8, "timeout": 300.0}
 
 os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
 os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "WHEN_REQUIRED")
@@ -488,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", "--deadline", dest="timeout", type=float, default=900.0,
                    help="overall deadline in seconds (default 900)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     if args.keys <= 0 or args.days <= 0 or args.keys < args.days or args.repeat <= 0 or args.threads <= 0 \
             or not 0 < args.baseline_repeat <= args.repeat:
         p.error("--keys >= --days > 0, --repeat and --threads > 0, 0 < --baseline-repeat <= --repeat")
@@ -497,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-s3-listing-")
     today = datetime.now(UTC).date()
-    report: dict[str, Any] = {"bench": "s3_listing", "store": "SeaweedFS weed mini", "keys": args.keys,
+    report: dict[str, Any] = {"bench": "s3_listing", "smoke": args.smoke, "store": "SeaweedFS weed mini",
+                              "keys": args.keys,
                               "days": args.days, "keys_per_day": args.keys // args.days, "last_day": str(today),
                               "url": f"s3://{BUCKET}/", "dated_prefix": DATED_PREFIX,
                               "listing_lookback_s": args.lookback_days * 86400, "repeat": args.repeat,

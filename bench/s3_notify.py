@@ -55,7 +55,9 @@ run completed and every file landed exactly once in each mode (whether or not th
 are met), 1 otherwise.
 
     python bench/s3_notify.py [--rate 10] [--seconds 60] [--rows 10] [--modes notify,listing]
-                              [--reconcile-interval 1] [--trigger 1] [--poll 0.2] [--keep] [--workdir DIR]
+                              [--reconcile-interval 1] [--trigger 1] [--poll 0.2] [--keep] [--workdir DIR] [--smoke]
+
+`--smoke`: both modes, 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     log_events,
     log_tail,
     machine_busy,
+    parse_args,
     publish,
     ratio,
     say,
@@ -110,6 +113,7 @@ LOG_PREFIX = f"tables/{ENTITY}/table/_delta_log/"
 COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 GOAL_P50_S, GOAL_P99_S = 1.5, 5.0
 WARMUP_FILE = -1
+SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "timeout": 300.0}
 
 os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
 os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "WHEN_REQUIRED")
@@ -582,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", type=float, default=1200.0, help="overall deadline in seconds (default 1200)")
     p.add_argument("--moto-server", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv, SMOKE)
     if args.moto_server:
         return serve_moto()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -594,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-s3-notify-")
     report: dict[str, Any] = {
-        "bench": "s3_notify", "store": "moto ThreadedMotoServer (in a child process)", "rate_per_s": args.rate,
+        "bench": "s3_notify", "smoke": args.smoke, "store": "moto ThreadedMotoServer (in a child process)",
+        "rate_per_s": args.rate,
         "seconds": args.seconds, "rows_per_file": args.rows, "trigger_interval_s": args.trigger,
         "poll_s": args.poll, "goal_p50_s": GOAL_P50_S, "goal_p99_s": GOAL_P99_S,
         "latency": "PUT returned -> the table commit holding the file (delta-rs commit timestamp: a lower bound, "

@@ -1,0 +1,186 @@
+"""Every benchmark in bench/ still runs: each one in its smoke mode (`--smoke`: tiny sizes, the same code paths and
+baselines as the full run, the same JSON report), with its key figures checked.
+
+Each bench starts what it needs itself (the daemon, tansu, moto, SeaweedFS), as in a full run. A bench added to
+bench/ without checks here fails until it gets some.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.process
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHES = sorted(p.stem for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_"))
+# Generous: a smoke run takes seconds to about a minute (a few daemon start-ups on a busy machine), and each bench
+# gives up by itself after 300 s (its --timeout in smoke mode), still printing its report.
+TIMEOUT_S = 420.0
+CLEAN_UP_S = 60.0  # after SIGINT: the bench's own clean-up stops its daemons and servers
+
+
+def get(report: dict[str, Any], path: str) -> Any:
+    value: Any = report
+    for part in path.split("."):
+        assert isinstance(value, dict) and part in value, f"no {path} in the report (at {part})"
+        value = value[part]
+    return value
+
+
+def positive(report: dict[str, Any], *paths: str) -> None:
+    for path in paths:
+        value = get(report, path)
+        assert isinstance(value, int | float) and not isinstance(value, bool), f"{path} = {value!r}"
+        assert math.isfinite(value) and value > 0, f"{path} = {value!r}, expected a positive number"
+
+
+def completed(report: dict[str, Any]) -> None:
+    assert "error" not in report, report["error"]
+    assert report["ok"] is True
+
+
+def check_cdc_merge(r: dict[str, Any]) -> None:
+    assert "error" not in r, r["error"]
+    assert len(r["sizes"]) == 2
+    for size in r["sizes"].values():
+        assert size["checks"]["ok"], size["checks"]["problems"]
+        positive(size, "ratio_lakefeed_vs_bare", "ratio_median", "ratio_paired_median", "ratio_if_same_merge_time",
+                 "ratio_bare_cdf_vs_nocdf", "process_peak_ratio_lakefeed_vs_bare",
+                 "variants.bare.seconds", "variants.lakefeed.seconds", "variants.bare_nocdf.seconds",
+                 "variants.lakefeed.breakdown_s.merge_execute", "variants.lakefeed.breakdown_s.tombstones")
+        assert size["variants"]["lakefeed"]["changes"] == size["checks"]["expected"]["change_feed_rows"]
+
+
+def check_ingest_files(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "ratio", "ratio_vs_floor_with_changelog", "lakefeed_rows_per_s", "floor_rows_per_s",
+             "floor_with_changelog_rows_per_s", "latency_p50_s", "latency_p99_s")
+    assert r["daemon_exit_code"] == 0
+    assert r["batches"] >= 3  # 6 files, at most 2 per batch
+    assert sum(c["rows"] for c in r["lakefeed_commits"]) == r["rows"] == r["files"] * r["rows_per_file"]
+
+
+def check_kafka_ingest(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "ratio_vs_raw", "ratio_vs_raw_json", "steady_ratio_vs_raw", "cpu_ratio_raw_over_lakefeed",
+             "lakefeed_per_s", "lakefeed_steady_per_s", "raw_consume_per_s", "raw_consume_json_per_s",
+             "raw_consume_no_crc_check_per_s", "components.connector_read_per_s", "components.process_messages_per_s")
+    assert len(r["raw_rounds"]) == 2 and len(r["lakefeed_runs"]) == 1  # raw, lakefeed, raw
+    assert r["lakefeed_runs"][0]["batches"] >= 2 and r["lakefeed_runs"][0]["exit_code"] == 0
+
+
+def check_lifecycle(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "cold_start.ratio", "cold_start.median_ready_s", "cold_start.spark_session_baseline.median_s",
+             "cold_start.with_2_entities.ready_s", "reload.reload_s", "reload.records_acked")
+    reload = r["reload"]
+    assert reload["records_lost"] == reload["duplicates"] == reload["unexpected_records"] == 0
+    assert reload["exit_code"] == 0 and reload["drain_s"] is not None
+    assert [c["change"].split(": ")[1] for c in reload["changes"]] == [
+        "push source rate_limit_per_s", "event_time.allowed_lateness_s"]
+    for change in reload["changes"]:
+        positive(change, "reload_s")
+    assert r["goals"]["changed_entity_restarted"] is True
+
+
+def check_push_api(r: dict[str, Any]) -> None:
+    completed(r)
+    phases = {"1", "100", "10000", "10000_ndjson", "10000_arrow"}
+    assert set(r["closed_loop"]) == set(r["http_floor"]["closed_loop"]) == set(r["decode_floor"]) == phases
+    for phase in phases:
+        positive(r, f"ratios.requests_per_s_vs_http_floor.{phase}", f"ratios.records_per_s_vs_decode_floor.{phase}",
+                 f"closed_loop.{phase}.records_per_s", f"http_floor.closed_loop.{phase}.records_per_s",
+                 f"decode_floor.{phase}.records_per_s")
+    for size in ("1", "100", "10000"):
+        positive(r, f"fsync_floor.{size}.group_gain")
+    positive(r, "open_loop_1k.acknowledged", "open_loop_1k.latency_ms.p99", "http_floor.open_loop.latency_ms.p99")
+    for key in ("open_loop_p50_ms_minus_http_floor", "open_loop_p99_ms_minus_http_floor"):
+        assert isinstance(r["ratios"][key], int | float), key
+    assert r["daemon"]["exit_code"] == 0
+    assert r["delta"]["visible_records"] >= r["delta"]["acked_records"] > 0
+
+
+def check_read_engines(r: dict[str, Any]) -> None:
+    positive(r, "pyarrow_speedup", "spark_rows_per_s", "pyarrow_rows_per_s", "spark_s", "pyarrow_s")
+    assert r["rows"] == r["files"] * 2000
+
+
+def check_s3_listing(r: dict[str, Any]) -> None:
+    completed(r)
+    assert r["failed_checks"] == []
+    positive(r, "steady.ratio_full_over_narrowed_median", "steady.ratio_full_over_narrowed_min",
+             "steady.objects_ratio", "first_full_reconcile.objects_per_s",
+             "baselines.boto3_full.median_s", "baselines.boto3_narrowed.median_s", "baselines.pyarrow_full.median_s",
+             *(f"shares.{k}" for k in r["shares"]))
+    assert len(r["shares"]) == 4
+    assert r["first_full_reconcile"]["found"] == r["keys"]
+    assert r["lost_notifications"]["narrowed_found"] == 10
+
+
+def check_s3_notify(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "listing_over_notify.p50", "listing_over_notify.p99")
+    assert set(r["modes"]) == {"notify", "listing"}
+    for mode in r["modes"].values():
+        assert mode["exactly_once"] is True
+        assert mode["latency_s"]["count"] == mode["files"] == 10
+        positive(mode, "latency_s.p50", "latency_s.p99", "latency_seen_s.p50")
+        assert mode["daemon"]["exit_code"] == 0
+    assert r["modes"]["notify"]["daemon"]["sqs_receives"] > 0  # each mode found the files its own way
+    assert r["modes"]["listing"]["daemon"]["found_by_listings"] > 0
+    assert r["modes"]["listing"]["daemon"]["sqs_receives"] == 0
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "cdc_merge": check_cdc_merge,
+    "ingest_files": check_ingest_files,
+    "kafka_ingest": check_kafka_ingest,
+    "lifecycle": check_lifecycle,
+    "push_api": check_push_api,
+    "read_engines": check_read_engines,
+    "s3_listing": check_s3_listing,
+    "s3_notify": check_s3_notify,
+}
+
+
+def run_smoke(name: str) -> tuple[int, str, str]:
+    """Run bench/NAME.py --smoke; on a timeout, SIGINT lets it stop what it started before it is killed."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / f"{name}.py"), "--smoke"], cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=CLEAN_UP_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the bench and what it did not move out of it
+            out, err = proc.communicate()
+        pytest.fail(f"bench/{name}.py --smoke did not finish within {TIMEOUT_S:.0f} s\n{err[-5000:]}")
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_smoke(name: str) -> None:
+    assert name in CHECKS, f"bench/{name}.py has no checks in tests/test_benches.py"
+    code, out, err = run_smoke(name)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines, f"bench/{name}.py printed nothing on stdout (exit {code})\n{err[-5000:]}"
+    try:
+        report = json.loads(lines[-1])
+    except ValueError:
+        pytest.fail(f"the last line of bench/{name}.py is not JSON: {lines[-1][:500]!r}\n{err[-5000:]}")
+    assert code == 0, f"bench/{name}.py --smoke exited with {code}: {report.get('error')}\n{err[-5000:]}"
+    assert report.get("smoke") is True, "the report does not say it was a smoke run"
+    CHECKS[name](report)
