@@ -2,7 +2,8 @@
 
 It mirrors the documented semantics, not the implementation: a batch is reduced to one
 change per key (highest sequence, then latest arrival; ledger keeps the first; snapshot
-takes the batch's last snapshot file), then applied; the changelog lists each batch's
+takes the batch's last snapshot file; a create ranked after a delete of its key replaces
+the row, as it would batch by batch), then applied; the changelog lists each batch's
 ops in key order, a correction as (-C old, +C new).
 """
 
@@ -60,13 +61,18 @@ class Model:
         elif not changes:
             return
         by_key: dict = {}
+        deleted = set()  # keys with a delete in the batch, as far as the changes are taken in rank order
         rank = lambda c: (tuple(c[2][s] for s in self.sequence), c[1])  # noqa: E731
         for change in sorted(changes, key=rank):
             k = change[2][self.key]
             if self.strategy == "ledger":
                 by_key.setdefault(k, change)
-            else:
-                by_key[k] = change
+                continue
+            if change[0] == "delete":
+                deleted.add(k)
+            elif change[0] == "insert" and k in deleted:
+                change = ("upsert", *change[1:])  # the delete left the key absent: the create stands
+            by_key[k] = change
         ops = []
         if self.strategy == "snapshot":
             for k in sorted(set(self.state) | set(by_key)):

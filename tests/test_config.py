@@ -77,6 +77,33 @@ def test_duplicate_entity_names_are_rejected(tmp_path):
         config.load(write_config(tmp_path, [entity_yaml(), entity_yaml()]))
 
 
+def test_a_keyed_entity_without_primary_key_takes_the_attributes_its_schema_document_marks_as_key(tmp_path):
+    from lakefeed.batch.schema import from_entity_document
+
+    landing = tmp_path / "landing"
+    (landing / "schemas").mkdir(parents=True)
+    manifest = {"manifestName": "default", "entities": [
+        {"type": "LocalEntity", "entityName": "account", "entityPath": "schemas/account.cdm.json/account"}]}
+    (landing / "default.manifest.cdm.json").write_text(json.dumps(manifest))
+    document = landing / "schemas" / "account.cdm.json"
+    document.write_text(json.dumps({"definitions": [{"entityName": "account", "hasAttributes": [
+        {"name": "accountid", "dataType": "entityId", "purpose": "identifiedBy"},
+        {"attributeGroupReference": {"members": [
+            {"name": "region", "dataFormat": "String", "purpose": {"purposeReference": "identifiedBy"}},
+            {"name": "name", "dataFormat": "String", "purpose": "hasA"}]}}]}]}))
+
+    def load(cdc):
+        return config.load(write_config(tmp_path, [entity_yaml("account", cdc=cdc)])).entities[0].cdc
+
+    assert load({"strategy": "upsert"}).primary_key == ("accountid", "region")
+    assert load({"strategy": "upsert", "primary_key": ["name"]}).primary_key == ("name",)  # the config's wins
+    assert load({}).primary_key == ()  # an append entity has no key
+    assert from_entity_document(document, "account").names == ["accountid", "region", "name"]
+    document.write_text(json.dumps({"definitions": [{"entityName": "account", "hasAttributes": [{"name": "name"}]}]}))
+    with pytest.raises(ConfigError, match="needs primary_key .*marks no attribute `purpose: identifiedBy`"):
+        load({"strategy": "upsert"})
+
+
 def test_validate_command_prints_problems_and_exits_non_zero(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("entities: []\n", encoding="utf-8")

@@ -8,7 +8,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed.batch.discovery import Discovery, Partition, glob_to_regex, match_pattern, pattern_from_json
+from lakefeed.batch.discovery import (
+    Discovery,
+    Partition,
+    argument_clash,
+    glob_to_regex,
+    match_pattern,
+    pattern_from_json,
+)
 from tests import cdm_sdk
 
 
@@ -92,6 +99,17 @@ def test_last_matching_pattern_wins_and_explicit_partitions_are_never_overwritte
     assert listed.explicit and listed.arguments == {"k": ["v"]}
     # Once lakefeed wrote that location itself, it is inferred again.
     assert Discovery.from_entity(entity, owned={"x/listed.csv"}).match("x/listed.csv").pattern_name == "second"
+
+
+def test_a_data_column_named_like_a_partition_argument_is_a_clash_naming_both():
+    entity = _entity([{"name": "byYear", "regularExpression": r"/(\d{4})/.*", "parameters": ["year"]}],
+                     partitions=[{"location": "listed.csv", "arguments": [{"name": "region", "value": "eu"}]}])
+    d = Discovery.from_entity(entity)
+    assert argument_clash(d.match("2024/a.csv"), ["id", "amount"]) is None
+    reason = argument_clash(d.match("2024/a.csv"), ["id", "year"])
+    assert "'year'" in reason and "pattern 'byYear'" in reason and "rename the pattern's parameter" in reason
+    listed = argument_clash(d.match("listed.csv"), ["region"])
+    assert "'region'" in listed and "listed for the file in the manifest" in listed
 
 
 def test_invalid_patterns_are_skipped():

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lakefeed.batch import event_time
 from lakefeed.batch.read import read_file
-from lakefeed.config.model import CsvFormat, JsonFormat, ParquetFormat
+from lakefeed.config.model import CsvFormat, EventTimeConfig, JsonFormat, ParquetFormat
 
 
 def test_csv_rows_with_wrong_column_count_are_bad_rows_with_their_line(tmp_path):
@@ -79,3 +82,27 @@ def test_json_keys_missing_from_the_first_object_are_kept(tmp_path):
     out = read_file(j, JsonFormat(kind="json"), None).table
     assert out.to_pylist() == [{"a": 1, "b": None, "c": None}, {"a": 2, "b": "x", "c": None},
                                {"a": None, "b": None, "c": "1180591620717411303424"}]  # beyond 64 bits: text
+
+
+DOTNET = ["2022-08-30T07:14:07.0000000Z", "2022-08-30T07:14:07.1234567Z", "2022-08-30T07:14:07.123456789+02:00"]
+PARSED = [datetime(2022, 8, 30, 7, 14, 7, tzinfo=UTC), datetime(2022, 8, 30, 7, 14, 7, 123456, tzinfo=UTC),
+          datetime(2022, 8, 30, 5, 14, 7, 123456, tzinfo=UTC)]  # truncated to the column's microseconds
+
+
+def test_timestamps_with_more_fractional_digits_than_the_column_holds_are_truncated(tmp_path):
+    target = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+    csv = tmp_path / "a.csv"
+    csv.write_text("id,at\n" + "".join(f"{i},{t}\n" for i, t in enumerate([*DOTNET, "yesterday"])))
+    ndjson = tmp_path / "a.ndjson"
+    ndjson.write_text("".join(f'{{"id": {i}, "at": "{t}"}}\n' for i, t in enumerate([*DOTNET, "yesterday"])))
+    for path, fmt in ((csv, CsvFormat()), (ndjson, JsonFormat(kind="ndjson"))):
+        out = read_file(path, fmt, target)
+        assert out.table.column("at").to_pylist() == PARSED, fmt
+        assert [b.reason for b in out.bad] == ["column 'at': 'yesterday' is not a valid timestamp[us, tz=UTC]"]
+
+
+def test_event_times_with_seven_fractional_digits_are_read():
+    table = pa.table({"at": [*DOTNET, "yesterday"]})
+    rows, bad = event_time.stamp(table, EventTimeConfig(source="column", column="at"), "", 0, PARSED[0])
+    assert rows.column(event_time.EVENT_TIME).to_pylist() == PARSED
+    assert [b.raw for b in bad] == ["yesterday"]

@@ -3,7 +3,8 @@
 Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__order`
 (inbox offset and row number: arrival order). A batch is reduced to one change per key:
 the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
-keeps the first row of a key instead, snapshot keeps the batch's last snapshot file). The
+keeps the first row of a key instead, snapshot keeps the batch's last snapshot file); a
+create that wins over a delete of its key replaces the row (an upsert). The
 table sink applies the reduced batch in one MERGE; what the merge changed (the table's
 change data feed) becomes the changelog: insert → 0 append (+A), delete → 1 retract (-R,
 with the old row), update → 2 correct-from (-C, old values) immediately followed by
@@ -131,7 +132,25 @@ def reduce(data: pa.Table, cfg: CdcConfig, snapshot_file: str | None = None) -> 
     if first_wins:
         return data.filter(pa.array(new_key))
     last = np.append(new_key[1:], True)
-    return data.filter(pa.array(last))
+    return _recreate(data.filter(pa.array(last)), _deleted_before(data, new_key, last))
+
+
+def _deleted_before(data: pa.Table, new_key: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """For each key's last change (rows sorted by key, then rank): whether a delete of that key ranks before it."""
+    deletes = pc.equal(data.column(KIND), "delete").to_numpy(zero_copy_only=False).astype(np.int64)
+    before = np.cumsum(deletes) - deletes  # deletes ranked before each row, all keys counted
+    return before[last] > before[new_key]
+
+
+def _recreate(winners: pa.Table, deleted_before: np.ndarray) -> pa.Table:
+    """A create after a delete of its key in the batch replaces whatever row the table holds: the delete
+    leaves the key absent, so batch by batch the create would be applied. An insert leaves a present key
+    as it is, so it becomes an upsert (applied if newer and changed, as an insert when the key is absent)."""
+    kinds = winners.column(KIND)
+    recreated = pc.and_(pc.equal(kinds, "insert"), pa.array(deleted_before))
+    if not pc.any(recreated).as_py():
+        return winners
+    return winners.set_column(winners.schema.get_field_index(KIND), KIND, pc.if_else(recreated, "upsert", kinds))
 
 
 def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
@@ -170,29 +189,49 @@ def unwrap_debezium(table: pa.Table) -> pa.Table:
     `op` kept, `ts_ms` (epoch milliseconds) as a UTC timestamp."""
     n = table.num_rows
     is_delete = pc.fill_null(pc.equal(table.column("op"), "d"), False)
-    sides = {}
-    for side in ("before", "after"):
-        column = table.column(side) if side in table.column_names else pa.nulls(n)
-        sides[side] = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    names: list[str] = []
-    for side in sides.values():
-        if pa.types.is_struct(side.type):
-            names += [f.name for f in side.type if f.name not in names]
+    images = {side: _image(table, side) for side in ("before", "after")}
     columns = {}
-    for name in names:
-        values = {}
-        for side, array in sides.items():
-            values[side] = array.field(name) if pa.types.is_struct(array.type) and \
-                array.type.get_field_index(name) >= 0 else None
-        present = [v for v in values.values() if v is not None]
-        kind = present[0].type if all(v.type == present[0].type for v in present) else pa.string()
-        before = values["before"].cast(kind) if values["before"] is not None else pa.nulls(n, kind)
-        after = values["after"].cast(kind) if values["after"] is not None else pa.nulls(n, kind)
+    for name, kind in _fields(images["after"], images["before"]).items():
+        before, after = (_values(images[side], name, kind, n) for side in ("before", "after"))
         columns[name] = pc.if_else(is_delete, before, after)
     columns["op"] = table.column("op")
     if "ts_ms" in table.column_names:
         columns["ts_ms"] = table.column("ts_ms").cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TS)
     return pa.table(columns)
+
+
+def _image(table: pa.Table, side: str) -> pa.StructArray | None:
+    """One side of the envelopes as a struct array, or None when no envelope of the batch has it."""
+    if side not in table.column_names or not pa.types.is_struct(table.column(side).type):
+        return None
+    return table.column(side).combine_chunks()
+
+
+def _fields(*images: pa.StructArray | None) -> dict[str, pa.DataType]:
+    """Every field of either image (the full `after` first), typed to hold both sides' values.
+
+    The images need not have the same fields or types: a delete's before-image may hold only the key
+    (REPLICA IDENTITY DEFAULT), or its other fields only nulls (typed null), and a number may be an int in
+    one image and a double in the other. Types are promoted as Arrow does; text only when they cannot be."""
+    types: dict[str, list[pa.DataType]] = {}
+    for image in images:
+        for f in image.type if image is not None else ():
+            types.setdefault(f.name, []).append(f.type)
+    return {name: _common_type(kinds) for name, kinds in types.items()}
+
+
+def _common_type(kinds: list[pa.DataType]) -> pa.DataType:
+    try:
+        schemas = [pa.schema([pa.field("v", kind)]) for kind in kinds]
+        return pa.unify_schemas(schemas, promote_options="permissive").field("v").type
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        return pa.string()
+
+
+def _values(image: pa.StructArray | None, name: str, kind: pa.DataType, n: int) -> pa.Array:
+    if image is None or image.type.get_field_index(name) < 0:
+        return pa.nulls(n, kind)
+    return image.field(name).cast(kind)
 
 
 def history_rows(changelog: pa.Table) -> pa.Table:

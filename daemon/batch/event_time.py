@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock
 from lakefeed.batch.read import BadRow
+from lakefeed.batch.schema import cast_to, timestamp_text
 from lakefeed.config.model import EventTimeConfig
 
 EVENT_TIME = "__event_time"
@@ -55,11 +56,11 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
             BadRow(None, f"event time column {spec.column!r} is missing", f"{n} rows")]
     values = table.column(spec.column)
     try:
-        return table.append_column(EVENT_TIME, pc.cast(values, _TS)), []
+        return table.append_column(EVENT_TIME, cast_to(values, _TS)), []
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     parsed, bad = [], []
-    for i, v in enumerate(values.to_pylist()):
+    for i, v in enumerate(timestamp_text(values, _TS).to_pylist()):
         try:
             parsed.append(pa.scalar(v).cast(_TS).as_py() if v is not None else None)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
