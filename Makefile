@@ -4,16 +4,33 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config/lakefeed.yaml
 
-.PHONY: run test setup lint bench
+.PHONY: run test test-requirements setup lint bench
 
 run: $(VENV)/.installed
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: $(VENV)/.installed
+test: test-requirements $(VENV)/.installed
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest
+
+# Before anything is installed: the suite needs Java for Spark, and also drives Chromium (the status page
+# test) and systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run). All that
+# is missing is named at once, with the apt-get line (README: Requirements). `make run` needs only Java.
+test-requirements:
+	@missing=""; why=""; \
+	if ! command -v java >/dev/null 2>&1 && [ ! -x "$${JAVA_HOME:-/nonexistent}/bin/java" ]; then \
+	  missing="$$missing openjdk-17-jre-headless"; why="$$why\n  java (17 or newer): Spark"; fi; \
+	if ! command -v chromium >/dev/null 2>&1; then \
+	  missing="$$missing chromium"; why="$$why\n  chromium: the status page test, in headless Chromium"; fi; \
+	if ! command -v systemd-analyze >/dev/null 2>&1; then \
+	  missing="$$missing systemd"; why="$$why\n  systemd-analyze (package systemd): the unit file tests"; fi; \
+	if [ -n "$$missing" ]; then \
+	  printf 'make test: the test suite needs programs that are missing:%b\n' "$$why" >&2; \
+	  printf 'Install them (Debian): sudo apt-get install%s\n' "$$missing" >&2; \
+	  exit 1; \
+	fi
 
 setup: $(VENV)/.installed
 

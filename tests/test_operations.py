@@ -53,8 +53,9 @@ class Client:
         status, data, _ = self.request("GET", path)
         return status, json.loads(data)
 
-    def push(self, rows: list[dict], entity: str = "events") -> tuple[int, dict]:
-        status, data, _ = self.request("POST", f"/v1/entities/{entity}/sources/api/records", json.dumps(rows).encode(),
+    def push(self, rows: list[dict], entity: str = "events", source: str = "api") -> tuple[int, dict]:
+        status, data, _ = self.request("POST", f"/v1/entities/{entity}/sources/{source}/records",
+                                       json.dumps(rows).encode(),
                                        {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
         return status, json.loads(data)
 
@@ -109,7 +110,9 @@ def daemons():
 
 
 def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
-    config = write_config(tmp_path, [entity_yaml(), _push_entity()], status_sample_s=1.0)
+    events = _push_entity()
+    events["push"].append({"name": "bulk", "tokens_sha256": [token_hash(TOKEN)]})  # a second source of one entity
+    config = write_config(tmp_path, [entity_yaml(), events], status_sample_s=1.0)
     daemon = Daemon(config, tmp_path / "daemon.log")
     daemons.append(daemon)
     daemon.start()
@@ -117,17 +120,27 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
     assert client.get_json("/healthz") == (200, {"status": "alive"})
     assert client.get_json("/readyz")[0] == 200
     land(tmp_path / "landing" / "sales" / "a.csv", "id,amount\n1,2.5\n2,3.5\n3\n")  # row 4: too few columns
-    assert client.push([{"id": i, "v": "x"} for i in range(5)])[0] == 202
+    assert client.push([{"id": i, "v": "x"} for i in range(3)])[0] == 202
+    assert client.push([{"id": i, "v": "x"} for i in range(3, 5)])[0] == 202
+    assert client.push([{"id": i, "v": "y"} for i in range(5, 8)], source="bulk")[0] == 202
     wait_for(lambda: {n: e["rows"] for n, e in client.get_json("/status")[1]["entities"].items()}
-             == {"sales": 2, "events": 5}, 60, 0.3, "rows in /status")
+             == {"sales": 2, "events": 8}, 60, 0.3, "rows in /status")
     status, doc = client.get_json("/status")
-    sales = doc["entities"]["sales"]
-    assert (sales["files"], sales["quarantined"], sales["error"]) == (1, 1, None)
-    assert sales["streams"]["files"]["running"] and doc["entities"]["events"]["streams"]["api"]["backlog"] == 0
+    sales, events = doc["entities"]["sales"], doc["entities"]["events"]
+    assert (sales["files"], sales["quarantined"], sales["error"]) == (1, 1, None)  # the entity's totals
+    assert sales["streams"]["files"]["running"] and events["streams"]["api"]["backlog"] == 0
+    # Each source's own figures (a push source's "files" are its requests): two sources of one entity differ,
+    # and add up to the entity's totals.
+    figures = {s: (f["rows"], f["files"], f["quarantined"], f["batches"] > 0) for s, f in events["streams"].items()}
+    assert figures == {"api": (5, 2, 0, True), "bulk": (3, 1, 0, True)}
+    assert sum(f["batches"] for f in events["streams"].values()) == events["batches"]
+    files = sales["streams"]["files"]
+    assert (files["rows"], files["files"], files["quarantined"], files["batches"]) == (2, 1, 1, sales["batches"])
+    assert all(f["last_commit"] and f["freshness_s"] >= 0 for f in events["streams"].values())
 
     _, text, headers = client.request("GET", "/metrics")
     assert headers["Content-Type"].startswith("text/plain")
-    expected = ('lakefeed_rows_total{entity="sales"} 2.0', 'lakefeed_rows_total{entity="events"} 5.0',
+    expected = ('lakefeed_rows_total{entity="sales"} 2.0', 'lakefeed_rows_total{entity="events"} 8.0',
                 'lakefeed_quarantined_rows_total{entity="sales"} 1.0', 'lakefeed_files_total{entity="sales"} 1.0',
                 'lakefeed_backlog{entity="events",stream="api"} 0.0',  # gauges are sampled 4 times a second
                 'lakefeed_stream_running{entity="sales",stream="files"} 1.0')
@@ -145,8 +158,12 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
     assert cli.returncode == 0, cli.stderr
     lines = cli.stdout.splitlines()
     assert lines[0].startswith("lakefeed pid") and "2 entities running" in lines[0]
-    assert any(line.split()[:4] == ["sales", "files", "running", "0"] and line.split()[4] == "2" for line in lines)
-    assert any(line.split()[:5] == ["events", "api", "running", "0", "5"] for line in lines)
+    assert lines[1].split() == ["entity", "source", "state", "backlog", "rows", "files", "quarantined", "batches",
+                                "freshness_s", "watermark"]
+    rows = {tuple(line.split()[:2]): line.split()[2:7] for line in lines[2:]}
+    assert rows[("sales", "files")] == ["running", "0", "2", "1", "1"]  # rows, files, quarantined of the source
+    assert rows[("events", "api")] == ["running", "0", "5", "2", "0"]
+    assert rows[("events", "bulk")] == ["running", "0", "3", "1", "0"]  # not the entity's 8 rows and 3 files again
     shown = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "show", "--config", str(config),
                             "--entity", "sales"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "sales/a.csv" in shown.stdout and "1 partitions" in shown.stdout
@@ -159,7 +176,7 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
                           f"{client.url}/"], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert '<tr data-entity="sales">' in dom.stdout and '<tr data-entity="events">' in dom.stdout
-    assert '<td class="rows">2</td>' in dom.stdout and '<td class="rows">5</td>' in dom.stdout
+    assert '<td class="rows">2</td>' in dom.stdout and '<td class="rows">8</td>' in dom.stdout
     assert dom.stdout.count("<polyline") == 8  # four charts per entity, drawn from the last hour's samples
     shot = tmp_path / "status.png"
     subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
@@ -357,3 +374,24 @@ def test_backfill_processes_everything_pending_and_exits(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.splitlines()[-1].startswith("backfill: 0 files, 0 rows")
     assert len(_ids(tmp_path / "lake" / "sales" / "table")) == 50
+
+
+def test_backfill_exits_non_zero_naming_an_entity_that_failed(tmp_path):
+    other = entity_yaml("other", source={"type": "local_dir", "path": "other"},
+                        manifest="other/default.manifest.cdm.json")
+    config = write_config(tmp_path, [entity_yaml(), other])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "default.manifest.cdm.json").write_text('{"manifestName": "default", "entities": [ oops')
+    for n in range(3):
+        land(tmp_path / "landing" / "sales" / f"f{n}.csv", f"id\n{n}\n")
+    proc = subprocess.run([sys.executable, "-m", "lakefeed", "backfill", "--config", str(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("lakefeed: backfill")]
+    assert said[0].startswith("lakefeed: backfill: entity 'other' failed: manifest ")
+    assert "is not valid JSON" in said[0] and "fix or restore it" in said[0]
+    assert said[1].startswith("lakefeed: backfill incomplete: 1 of 2 entities failed; fix the cause and run backfill")
+    assert len(said) == 2  # the healthy entity is not named
+    assert proc.stdout.splitlines()[-1].startswith("backfill: 3 files, 3 rows in ")  # and was drained all the same
+    assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == [0, 1, 2]
+

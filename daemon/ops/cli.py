@@ -6,10 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lakefeed import log
 from lakefeed.config import model as config
 from lakefeed.errors import ConfigError, TerminalError
+
+if TYPE_CHECKING:
+    from lakefeed.ops.supervisor import Supervisor
 
 DEFAULT_CONFIG = "config/lakefeed.yaml"
 
@@ -97,16 +101,29 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "backfill":
-            from lakefeed.ops.status_cli import Progress
-
-            supervisor = Supervisor(cfg, drain=True)
-            with Progress(supervisor):
-                return supervisor.run()
+            return _backfill(Supervisor(cfg, drain=True))
         return Supervisor(cfg, Path(args.config)).run()
     except TerminalError as exc:
         log.get("lakefeed").error("daemon.failed", error=str(exc))
         print(f"lakefeed: {exc}", file=sys.stderr)
         return 2
+
+
+def _backfill(supervisor: Supervisor) -> int:
+    """Process what is pending, then exit: 1, naming each entity that failed and why, when one did (the others
+    are drained all the same), so that a script or CI running a backfill notices."""
+    from lakefeed.ops.status_cli import Progress
+
+    with Progress(supervisor):
+        supervisor.run()
+    failed = {name: runner.error for name, runner in supervisor.runners.items() if runner.error is not None}
+    for name, error in failed.items():
+        print(f"lakefeed: backfill: entity {name!r} failed: {error.strip().splitlines()[0]}", file=sys.stderr)
+    if failed:
+        print(f"lakefeed: backfill incomplete: {len(failed)} of {len(supervisor.runners)} entities failed; fix "
+              "the cause and run backfill again (what was committed stays committed, the rest is taken then)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _verify(cfg: config.LakefeedConfig, only: list[str] | None) -> int:

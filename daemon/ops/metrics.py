@@ -2,7 +2,9 @@
 
 Runners record each batch (`batch_done`) and errors; the supervisor samples backlog and
 freshness every few seconds (`sample`). `/metrics` renders the Prometheus text format from
-this daemon's own registry; `/status` and the status page read `snapshot()`.
+this daemon's own registry; `/status` and the status page read `snapshot()`. Files, rows, batches
+and quarantined rows are counted per entity and, for `/status` and `lakefeed status`, per stream
+(an entity's sources: its landing folder, each push source, each Kafka source) too.
 """
 
 from __future__ import annotations
@@ -23,12 +25,33 @@ HISTORY_S = 3600.0
 
 
 @dataclass
-class EntityStats:
+class Figures:
+    """What was committed: by one stream (source), or by all of an entity's streams."""
+
     files: int = 0
     rows: int = 0
     batches: int = 0
     quarantined: int = 0
     last_commit: float | None = None  # epoch seconds
+
+    def add(self, result: BatchResult, now: float) -> None:
+        self.files += result.files
+        self.rows += result.rows
+        self.batches += 1
+        self.quarantined += result.quarantined
+        self.last_commit = now
+
+    def snapshot(self, now: float, started: float) -> dict[str, Any]:
+        return {"files": self.files, "rows": self.rows, "batches": self.batches, "quarantined": self.quarantined,
+                "last_commit": clock.to_cdm(clock.from_ns(int(self.last_commit * 1e9))) if self.last_commit else None,
+                "freshness_s": round(now - (self.last_commit or started), 3)}
+
+
+@dataclass
+class EntityStats(Figures):
+    """The entity's totals, and each stream's own figures (an entity may have several sources)."""
+
+    streams: dict[str, Figures] = field(default_factory=dict)
     watermark: datetime | None = None
     backlog: dict[str, int] = field(default_factory=dict)  # per stream: files/frames/messages waiting
     history: deque = field(default_factory=deque)
@@ -86,12 +109,10 @@ class Metrics:
         self.files.labels(entity).inc(result.files)
         self.rows.labels(entity).inc(result.rows)
         self.quarantined.labels(entity).inc(result.quarantined)
+        now = time.time()
         with self._lock:
-            s.files += result.files
-            s.rows += result.rows
-            s.batches += 1
-            s.quarantined += result.quarantined
-            s.last_commit = time.time()
+            s.add(result, now)
+            s.streams.setdefault(stream, Figures()).add(result, now)
             if result.watermark is not None:
                 s.watermark = result.watermark
         if result.watermark is not None:
@@ -134,10 +155,11 @@ class Metrics:
         now = time.time()
         with self._lock:
             return {name: {
-                "files": s.files, "rows": s.rows, "batches": s.batches, "quarantined": s.quarantined,
-                "last_commit": clock.to_cdm(clock.from_ns(int(s.last_commit * 1e9))) if s.last_commit else None,
-                "freshness_s": round(now - (s.last_commit or self.started), 3),
+                **s.snapshot(now, self.started),
                 "watermark": clock.to_cdm(s.watermark) if s.watermark else None,
                 "backlog": dict(s.backlog),
                 "history": list(s.history),
+                # Streams sampled but without a commit yet too: their freshness counts from the start, as the entity's.
+                "streams": {stream: s.streams.get(stream, Figures()).snapshot(now, self.started)
+                            for stream in s.streams.keys() | s.backlog.keys()},
             } for name, s in self.entities.items()}

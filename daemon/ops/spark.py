@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -28,6 +30,8 @@ DEFAULTS = {
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
 }
+# Spark's log4j configuration: its log on stderr at `spark.log_level` from the JVM's start on.
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
 def check_java() -> None:
@@ -53,14 +57,24 @@ def session(cfg: SparkConfig) -> SparkSession:
     if cfg.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
-    for key, value in {**DEFAULTS, **cfg.conf}.items():
+    conf = {**DEFAULTS, **cfg.conf, "spark.driver.extraJavaOptions": java_options(cfg)}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    # Once more at run time: the JVM's options come too late when this process's JVM was already running.
+    spark.sparkContext.setLogLevel(cfg.log_level)
     spark.dataSource.register(InboxDataSource)
     spark.dataSource.register(SpoolDataSource)
     spark.dataSource.register(KafkaDataSource)
     return spark
+
+
+def java_options(cfg: SparkConfig) -> str:
+    """The driver JVM's options: lakefeed's (-Xss16m, its log4j configuration at `spark.log_level`), then
+    those of `spark.conf`, which win where they differ (a JVM takes the last of a repeated option)."""
+    ours = [DEFAULTS["spark.driver.extraJavaOptions"], f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
+            f"-Dlakefeed.spark.logLevel={cfg.log_level}"]
+    return " ".join([*ours, cfg.conf.get("spark.driver.extraJavaOptions", "")]).strip()
 
 
 def warm_up(spark: SparkSession) -> None:

@@ -35,18 +35,22 @@ class Daemon(Protocol):
     def status_line(self) -> str: ...
 
 
+# The figures of an entity or a stream that has committed nothing since the daemon started.
+_NOTHING = {"files": 0, "rows": 0, "batches": 0, "quarantined": 0, "last_commit": None, "freshness_s": None}
+
+
 def status(sup: Daemon) -> dict[str, Any]:
     snapshot = sup.metrics.snapshot()
     entities = {}
     for name, runner in list(sup.runners.items()):
+        totals = dict(snapshot.get(name, {**_NOTHING, "watermark": None, "backlog": {}, "history": []}))
+        figures = totals.pop("streams", {})  # each stream's own, shown under it; the entity keeps its totals
         queries = runner.queries
         streams = {s: {"running": s in queries and queries[s].isActive, "backlog": runner.backlog(s),
                        "run_id": str(queries[s].runId) if s in queries else None,
-                       "source": runner.source_status(s)} for s in runner.cfg.streams()}
-        entities[name] = {"error": runner.error, "streams": streams,
-                          **snapshot.get(name, {"files": 0, "rows": 0, "batches": 0, "quarantined": 0,
-                                                "last_commit": None, "freshness_s": None, "watermark": None,
-                                                "backlog": {}, "history": []})}
+                       "source": runner.source_status(s), **figures.get(s, _NOTHING)}
+                   for s in runner.cfg.streams()}
+        entities[name] = {"error": runner.error, "streams": streams, **totals}
     return {"daemon": {"pid": os.getpid(), "intake_pid": sup.intake.pid if sup.intake is not None else None,
                        "ready": sup.ready, "url": sup.url,
                        "started_at": clock.to_cdm(clock.from_ns(int(sup.metrics.started * 1e9))),

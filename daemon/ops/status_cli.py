@@ -46,11 +46,11 @@ def show_status(cfg: LakefeedConfig, url: str | None, as_json: bool) -> int:
         print(f"  config: {problem}")
     rows = []
     for name, e in doc["entities"].items():
-        for stream, s in e["streams"].items():
+        for stream, s in e["streams"].items():  # each source's own figures; the watermark is the entity's
             state = "failed" if e["error"] else "running" if s["running"] else "stopped"
-            rows.append([name, stream, state, s["backlog"], e["rows"], e["files"], e["quarantined"],
-                         e["freshness_s"], e["watermark"]])
-    print(_table(["entity", "source", "state", "backlog", "rows", "files", "quarantined", "freshness_s",
+            rows.append([name, stream, state, s["backlog"], s["rows"], s["files"], s["quarantined"], s["batches"],
+                         s["freshness_s"], e["watermark"]])
+    print(_table(["entity", "source", "state", "backlog", "rows", "files", "quarantined", "batches", "freshness_s",
                   "watermark"], rows))
     for name, e in doc["entities"].items():
         if e["error"]:

@@ -1,0 +1,71 @@
+"""What a newcomer meets: `make test` naming every missing requirement with its apt-get line (and `make run`
+needing only Java), the README saying the same, and a log that is lakefeed's own events, Spark's log4j lines
+held back to errors (`spark.log_level`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.test_daemon_process import Daemon
+
+
+def test_spark_logs_only_errors_by_default_so_lakefeeds_events_stand_out(tmp_path):
+    # A trigger shorter than a batch: Spark would warn that each batch is "falling behind".
+    config = write_config(tmp_path, [entity_yaml()], spark={"master": "local[2]", "trigger_interval_s": 0.1})
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    try:
+        daemon.start()
+        land(tmp_path / "landing" / "sales" / "a.csv", "id,amount\n1,2.5\n2,3.5\n")
+        wait_for(lambda: daemon.events("batch.committed") >= 1, 60, 0.2, "a committed batch")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(90) == 0
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+    lines = daemon.log.read_text(errors="replace").splitlines()
+    events = {json.loads(line)["event"] for line in lines if line.startswith("{")}
+    assert {"daemon.ready", "file.discovered", "batch.committed", "daemon.stopped"} <= events
+    spark_lines = [line for line in lines if not line.startswith("{")]
+    # Without the default, log4j's WARN lines (NativeCodeLoader, ResolveWriteToStream, ProcessingTimeExecutor…)
+    # came between the events, and Spark announced its own default level.
+    assert not [line for line in spark_lines if " WARN " in line or "log level" in line], spark_lines
+
+
+def test_spark_log_level_reaches_the_jvm_and_the_configs_own_java_options_come_last():
+    from lakefeed.config.model import SparkConfig
+    from lakefeed.ops import spark
+
+    assert SparkConfig().log_level == "ERROR"
+    options = spark.java_options(SparkConfig(log_level="WARN",
+                                             conf={"spark.driver.extraJavaOptions": "-Dlakefeed.spark.logLevel=INFO"}))
+    assert options.split() == ["-Xss16m", f"-Dlog4j2.configurationFile={spark.LOG4J2}",
+                               "-Dlakefeed.spark.logLevel=WARN", "-Dlakefeed.spark.logLevel=INFO"]
+    assert "rootLogger.level = ${sys:lakefeed.spark.logLevel:-ERROR}" in spark.LOG4J2.read_text()
+
+
+def test_make_test_names_every_missing_requirement_and_how_to_install_it_and_make_run_needs_only_java(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    make = shutil.which("make")
+    assert make is not None, "make is missing: apt-get install make"
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    bare = subprocess.run([make, "-s", "test-requirements"], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={**env, "PATH": str(tmp_path)})  # a machine with none of them
+    assert bare.returncode != 0
+    assert "java (17 or newer)" in bare.stderr and "chromium:" in bare.stderr and "systemd-analyze" in bare.stderr
+    assert "sudo apt-get install openjdk-17-jre-headless chromium systemd" in bare.stderr
+    assert subprocess.run([make, "-s", "test-requirements"], cwd=repo, capture_output=True, text=True,
+                          timeout=60).returncode == 0  # this machine has them (.ci/run installs them)
+    dry_run = subprocess.run([make, "-n", "-W", "pyproject.toml", "run"], cwd=repo, capture_output=True, text=True,
+                             timeout=60)
+    assert "check_java" in dry_run.stdout and "chromium" not in dry_run.stdout
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert readme.split("```sh\n", 1)[1].startswith("make run\nmake test\n```")
+    requirements = readme.split("Requirements:", 1)[1].split("\n\n", 1)[0]
+    assert "apt-get install python3-venv openjdk-17-jre-headless chromium systemd" in requirements.replace("\n", " ")
