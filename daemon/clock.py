@@ -15,12 +15,18 @@ def from_ns(ns: int) -> datetime:
 
 def to_cdm(t: datetime) -> str:
     t = t.astimezone(UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    # Not strftime: its %Y writes year 1 as "1", which no ISO reader takes back.
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}."
+            f"{t.microsecond // 1000:03d}Z")
 
 
 def from_cdm(text: str) -> datetime:
+    """An ISO 8601 time as UTC (no zone: UTC); ValueError for text that is none, or outside years 1 to 9999 in UTC."""
     t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    try:
+        return t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
+    except OverflowError as exc:
+        raise ValueError(f"{text!r} is outside years 1 to 9999 in UTC") from exc
 
 
 def latest(*times: str | None) -> str | None:

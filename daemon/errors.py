@@ -16,7 +16,10 @@ class TerminalError(LakefeedError):
 
 
 class ManifestError(TerminalError):
-    """A CDM manifest cannot be read or does not describe the entity."""
+    """A CDM manifest cannot be read or does not describe the entity; `stamp` is the (mtime, size) of the file
+    as it was read, so a change to it (a fix) can be told from the version that failed."""
+
+    stamp: tuple[int, int] | None = None
 
 
 class ConfigError(LakefeedError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import structlog
@@ -15,6 +16,8 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_redact)
     # py4j, Spark's Python side and kafka-python are chatty at INFO; their warnings still come through.
     for noisy in ("py4j", "pyspark", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -32,6 +35,31 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
         logger_factory=lambda *_: structlog.WriteLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+# Credentials as they can appear in a library's log line: an HTTP parser quoting the header it failed on
+# (whatever bytes it holds), a URL with a password, a repr of a request's headers.
+_HEADERS = re.compile(r"(?i)((?:proxy-)?authorization|cookie|x-api-key|x-amz-security-token)([\"']?\s*[:=]\s*[\"']?)"
+                      r"[^\n\"']*")  # the whole value, whatever it holds
+_SECRETS = re.compile(r"(?i)(bearer|basic|token|password|secret)([\"']?\s*[:= ]\s*[\"']?)[^\s\"',}]+")
+_URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)[^@\s/]+@")
+
+
+def redact(text: str) -> str:
+    text = _SECRETS.sub(r"\1\2<redacted>", _HEADERS.sub(r"\1\2<redacted>", text))
+    return _URL_PASSWORD.sub(r"\1<redacted>@", text)
+
+
+def _redact(record: logging.LogRecord) -> bool:
+    """Every stdlib log record (aiohttp, Spark's py4j, kafka-python, …) leaves with its secrets redacted,
+    its traceback included."""
+    if record.exc_info:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.exc_info = None
+    if record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    record.msg, record.args = redact(record.getMessage()), None
+    return True
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

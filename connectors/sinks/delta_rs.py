@@ -6,11 +6,12 @@ A delta-spark sink for clusters can implement the same contract (connectors/sink
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -26,6 +27,18 @@ from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks.base import TableSink
 
 _CDF = "delta.enableChangeDataFeed"
+TableOrBatch = TypeVar("TableOrBatch", pa.Table, pa.RecordBatch)
+
+
+def contiguous(data: pa.Table) -> pa.Table:
+    """A table with a nested column (struct, list, map) in one chunk per column. delta-rs (arrow-rs) panics on
+    some such tables made of several chunks, and the panic aborts the whole process (seen with JSON pushes of
+    which only some records carry a nested field; combining the nested column alone did not help). Tables of
+    flat columns, the usual case, are left as they are: combining them would copy every batch's data."""
+    if data.num_columns and any(pa.types.is_nested(f.type) for f in data.schema) and \
+            any(c.num_chunks > 1 for c in data.columns):
+        return data.combine_chunks()
+    return data
 
 
 class DeltaRsSink(TableSink):
@@ -56,7 +69,7 @@ class DeltaRsSink(TableSink):
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         write_deltalake(
             self._target(),
-            data,
+            contiguous(data),
             mode="append",
             schema_mode="merge",
             storage_options=self._options,
@@ -102,6 +115,7 @@ class DeltaRsSink(TableSink):
         return table.version() if table is not None else None
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        source = contiguous(source)
         columns = [c for c in source.column_names if c != KIND]
         table = self._load()
         if table is None:
@@ -165,10 +179,16 @@ class DeltaRsSink(TableSink):
         names = keys.column_names
         if table is None or keys.num_rows == 0:
             return keys.slice(0, 0)  # nothing held (callers check num_rows before reading `columns`)
-        # File statistics prune by the first key column; the join makes composite keys exact.
-        found = table.to_pyarrow_dataset().to_table(
-            columns=[*names, *columns], filter=pc.field(names[0]).isin(pc.unique(keys.column(names[0]))))
-        return keys.group_by(names).aggregate([]).join(found, keys=names, join_type="inner")
+        wanted = _plain(keys).group_by(names).aggregate([])
+        first = wanted.column(names[0]).combine_chunks()
+        # Rows are matched here, not by a dataset filter: Arrow compares a filter's values with the files'
+        # statistics, which delta-rs gives as string_view for string columns, and has no kernel for that
+        # (every lookup of a string key failed). The join makes composite keys exact.
+        dataset = _may_hold(table, names[0], first)
+        schema = delta_compatible(pa.schema([dataset.schema.field(c) for c in [*names, *columns]]))
+        found = [batch.filter(pc.is_in(batch.column(names[0]), value_set=first))
+                 for batch in map(_plain, dataset.to_batches(columns=[*names, *columns]))]
+        return wanted.join(pa.Table.from_batches(found, schema), keys=names, join_type="inner")
 
     def changes(self, table_version: int) -> pa.Table:
         table = self._load()
@@ -202,6 +222,29 @@ class DeltaRsSink(TableSink):
         if table is None:
             raise TableNotFoundError(f"no Delta table at {self.uri}")
         return pa.table(table.to_pyarrow_table())
+
+
+def _plain(data: TableOrBatch) -> TableOrBatch:
+    """Delta's own types (string for large_string and string_view, …), so that values compare and join."""
+    schema = delta_compatible(data.schema)
+    return data if data.schema == schema else data.cast(schema)
+
+
+def _may_hold(table: DeltaTable, column: str, values: pa.Array) -> ds.Dataset:
+    """The table's files, less those whose statistics of `column` show they hold none of `values`."""
+    dataset = table.to_pyarrow_dataset()
+    actions = pa.table(table.get_add_actions(flatten=True))
+    low, high = f"min.{column}", f"max.{column}"
+    if low not in actions.column_names or high not in actions.column_names:
+        return dataset
+    actions = actions.filter(pc.and_(pc.is_valid(actions.column(low)), pc.is_valid(actions.column(high))))
+    ordered = values.take(pc.array_sort_indices(values)).to_numpy(zero_copy_only=False)
+    # A file holds a value if one lies between its min and max: the two insertion points then differ.
+    mins, maxs = (actions.column(c).cast(values.type).to_numpy(zero_copy_only=False) for c in (low, high))
+    first, past = np.searchsorted(ordered, mins, "left"), np.searchsorted(ordered, maxs, "right")
+    outside = set(actions.column("path").filter(pa.array(first == past)).to_pylist())
+    kept = [f for f in dataset.get_fragments() if f.path not in outside]  # a path spelt otherwise is read
+    return ds.FileSystemDataset(kept, dataset.schema, dataset.format, dataset.filesystem)
 
 
 def _col(alias: str, name: str) -> str:

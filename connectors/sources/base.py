@@ -21,3 +21,7 @@ class Source(ABC):
     @abstractmethod
     def reconcile(self) -> int:
         """List what the source holds, enqueue what the inbox has not seen, return how many."""
+
+    def failure(self) -> str | None:
+        """Why the source stopped delivering (a thread of it died), or None while it works."""
+        return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 import warnings
@@ -33,13 +34,36 @@ from watchdog.observers import Observer
 
 from lakefeed import log
 from lakefeed.connectors.sources.base import Source
-from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.inbox.files import FileEvent, Inbox, not_regular
 
 _IGNORED_SUFFIXES = (".tmp", ".temp", ".partial", "._COPYING_", ".crc", ".cdm.json")
 _log = log.get(__name__)
 # When a tree is copied in, watchdog may add a new folder to its recursive watch twice (its create event and its
 # own walk race); it keeps one callback, as intended, but says so with a RuntimeWarning in its thread.
 warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
+
+
+def landed(path: str, root: str, follow_symlinks: bool) -> FileEvent:
+    """The file as the inbox records it. One that cannot be taken (a name that is not UTF-8, a link, a FIFO, a
+    socket, …) is recorded with the reason, and goes to quarantine unread: it is never opened here, since opening
+    a FIFO blocks and a link may lead anywhere. Raises OSError (FileNotFoundError: gone)."""
+    st = os.lstat(path)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "replace")  # valid UTF-8, and patterns still match it
+        return FileEvent(shown, st.st_size, st.st_mtime_ns, problem="the file name is not valid UTF-8; rename it")
+    problem = ""
+    if stat.S_ISLNK(st.st_mode):
+        real = os.path.realpath(path)
+        if not follow_symlinks:
+            problem = "a symbolic link; links are not followed (source.follow_symlinks takes those inside the folder)"
+        elif os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+            problem = f"a symbolic link to {real}, outside the landing folder"
+        else:
+            st = os.stat(path)
+    problem = problem or not_regular(st.st_mode)
+    return FileEvent(path, st.st_size, st.st_mtime_ns, problem=problem)
 
 
 def is_data_file(path: str) -> bool:
@@ -80,9 +104,11 @@ class _Handler(FileSystemEventHandler):
 
 class LocalDirSource(Source):
     def __init__(self, entity: str, root: Path, inbox: Inbox, reconcile_interval_s: float,
-                 excluded: tuple[Path, ...] = (), quiet_s: float = 0.2, settle_s: float = 2.0) -> None:
+                 excluded: tuple[Path, ...] = (), quiet_s: float = 0.2, settle_s: float = 2.0,
+                 follow_symlinks: bool = False) -> None:
         self.entity = entity
         self.root = root
+        self._follow = follow_symlinks
         self._inbox = inbox
         self._interval = reconcile_interval_s
         self._excluded = tuple(str(p) + os.sep for p in excluded)
@@ -116,10 +142,21 @@ class LocalDirSource(Source):
     def _look(self, path: str) -> FileEvent | None:
         """The file if nobody writes it; None if it is gone, still written, or must settle longer."""
         try:
-            writing = being_written(path)
-            event = FileEvent.of(path)
+            event = landed(path, str(self.root), self._follow)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # e.g. a name too long, a folder on the way that may not be read
+            _log.warning("file.unlistable", entity=self.entity, file=os.fsencode(path).decode("utf-8", "replace"),
+                         error=str(exc))
+            return None
+        if event.problem:
+            return event  # taken as it is, for the quarantine
+        try:
+            writing = being_written(path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            writing = None  # e.g. no permission to open it: the batch says so in quarantine, once it settled
         if writing is None:  # no lease here: wait until size and mtime stood still for settle_s
             age_ns = time.time_ns() - event.mtime_ns
             if age_ns < self._settle_s * 1e9:
@@ -165,10 +202,22 @@ class LocalDirSource(Source):
         finished.sort(key=lambda e: (e.mtime_ns, e.path))
         return self._offer(finished)
 
+    def failure(self) -> str | None:
+        if self._stop.is_set() or not self._thread.is_alive() and self._thread.ident is None:
+            return None  # stopping, or not started yet
+        if not self._thread.is_alive():
+            return "the landing folder's source thread has stopped"
+        if not self._observer.is_alive():
+            return "the landing folder's watch (inotify) has stopped"
+        return None
+
     def _loop(self) -> None:
         next_listing = time.monotonic() + self._interval
         while not self._stop.wait(min(0.05, self._quiet_s / 2)):
-            self._due()
+            try:
+                self._due()
+            except Exception as exc:  # one file must not stop the folder's intake; what it was is logged
+                _log.exception("source.look_failed", entity=self.entity, error=str(exc))
             if time.monotonic() < next_listing:
                 continue
             next_listing = time.monotonic() + self._interval

@@ -12,15 +12,19 @@ See docs/cdm-discovery.md.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 from lakefeed import log
 
 INCREMENTAL_TRAIT = "is.partition.incremental"
 INCREMENTAL_TYPES = ("Insert", "Update", "Delete", "Upsert", "UpsertAndDelete")
+# Patterns come from manifests anybody may edit: `regex` (Python's re syntax) cuts short the catastrophic
+# backtracking that re would spend minutes on, and gives up after this long, as the CDM SDK does.
+MATCH_TIME_LIMIT_S = 1.0
 _log = log.get(__name__)
 
 
@@ -28,7 +32,7 @@ _log = log.get(__name__)
 class Pattern:
     name: str
     root_location: str
-    expression: re.Pattern[str]
+    expression: regex.Pattern[str]
     parameters: tuple[str, ...] = ()
     incremental_type: str | None = None
 
@@ -42,6 +46,21 @@ class Partition:
     incremental_type: str | None = None
     pattern_name: str | None = None
     explicit: bool = False
+
+
+def argument_clash(partition: Partition, columns: Collection[str]) -> str | None:
+    """Why a file's rows cannot take its partition arguments, if a data column has an argument's name.
+
+    Either value would be lost without a word: the column is the data's, the argument the path's, and
+    a row has one value per name (docs/cdm-discovery.md)."""
+    clashes = sorted(set(partition.arguments) & set(columns))
+    if not clashes:
+        return None
+    names = ", ".join(map(repr, clashes))
+    source, fix = (f"that pattern {partition.pattern_name!r} captures from the path", "the pattern's parameter") \
+        if partition.pattern_name else ("listed for the file in the manifest", "the partition's argument")
+    return (f"column(s) {names} of the file clash with the partition argument(s) of the same name {source}: rename "
+            f"{fix} or the column; the file's rows are not applied")
 
 
 def normalize_location(location: str) -> str:
@@ -118,8 +137,8 @@ def parse_arguments(raw: Any) -> dict[str, list[str]]:
 def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern | None:
     """A pattern from its manifest JSON, or None (logged) when it cannot be used."""
     name = declaration.get("name") or ""
-    glob, regex = declaration.get("globPattern"), declaration.get("regularExpression")
-    source = glob_to_regex(glob) if glob and glob.strip() else regex
+    glob, regular = declaration.get("globPattern"), declaration.get("regularExpression")
+    source = glob_to_regex(glob) if glob and glob.strip() else regular
     trait = _trait_args(declaration, INCREMENTAL_TRAIT)
     kind = None
     if incremental:
@@ -136,8 +155,8 @@ def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern
         _log.error("pattern.invalid", pattern=name, reason="no regularExpression or globPattern")
         return None
     try:
-        expression = re.compile(source)
-    except re.error as exc:
+        expression = regex.compile(source)
+    except regex.error as exc:
         _log.error("pattern.invalid", pattern=name, reason=f"expression does not compile: {exc}")
         return None
     root = str(declaration.get("rootLocation") or "")
@@ -150,6 +169,7 @@ class Discovery:
     def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[Partition] = ()) -> None:
         self.patterns = tuple(patterns)
         self._explicit = {normalize_location(p.location): p for p in explicit}
+        self.timed_out: dict[str, str] = {}  # path -> the pattern that took too long on it
 
     @classmethod
     def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = ()) -> Discovery:
@@ -172,7 +192,13 @@ class Discovery:
             return explicit
         found = None
         for pattern in self.patterns:  # the last pattern processed takes precedence
-            partition = match_pattern(pattern, relative_path)
+            try:
+                partition = match_pattern(pattern, relative_path)
+            except TimeoutError:
+                self.timed_out[relative_path] = pattern.name
+                _log.warning("pattern.timed_out", pattern=pattern.name, file=relative_path,
+                             limit_s=MATCH_TIME_LIMIT_S)
+                continue
             if partition is not None:
                 found = partition
         return found
@@ -185,7 +211,7 @@ def match_pattern(pattern: Pattern, relative_path: str) -> Partition | None:
     if root_norm and not rel.startswith(root_norm + "/"):
         return None
     file_name = rel[len(root_norm) :]
-    m = pattern.expression.fullmatch(file_name)
+    m = pattern.expression.fullmatch(file_name, timeout=MATCH_TIME_LIMIT_S)  # TimeoutError past it
     if m is None:
         return None
     args: dict[str, list[str]] = {}

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from lakefeed.batch import cdc
+from lakefeed.batch.admit import too_deep
 from lakefeed.batch.read import BadRow, from_rows
 from lakefeed.config.model import KafkaSource
 
@@ -113,7 +114,7 @@ def _ndjson(values: pa.Array) -> pa.Buffer | None:
 def _parse(messages: pa.Table) -> tuple[pa.Table | None, np.ndarray, list[tuple[str, BadRow]]]:
     values = messages.column("value").combine_chunks()
     keep = np.ones(len(values), dtype=bool)
-    if (text := _ndjson(values)) is not None:
+    if (text := _ndjson(values)) is not None and not too_deep(text):  # pyarrow would crash on deep nesting
         try:
             table = pajson.read_json(pa.BufferReader(text))
             if table.num_rows == len(values):
@@ -128,6 +129,8 @@ def _parse(messages: pa.Table) -> tuple[pa.Table | None, np.ndarray, list[tuple[
             reason = None if isinstance(record, dict) else "the message value is not a JSON object"
         except ValueError as exc:
             reason = f"the message value is not JSON: {exc}"
+        except RecursionError:
+            reason = "the message value nests too deeply to decode"
         if reason is not None:
             keep[i] = False
             bad.append((f"kafka/{topics[i]}/{partitions[i]}",

@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from lakefeed.batch.schema import delta_compatible
+from lakefeed.batch.schema import cast_to, delta_compatible, timestamp_text
 from lakefeed.config.model import CsvFormat, FileFormat
 
 
@@ -74,8 +74,10 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
     read = pacsv.ReadOptions(encoding=fmt.encoding, autogenerate_column_names=not fmt.header,
                              use_threads=True, block_size=8 << 20)
     nulls = [fmt.null_value] if fmt.null_value else [""]
-    typed = pacsv.ConvertOptions(null_values=nulls, strings_can_be_null=True,
-                                 column_types={f.name: f.type for f in target} if target else None)
+    # Timestamps are read as text and parsed by `conform`, which takes more fractional digits than the
+    # column holds (the CSV parser refuses .NET's seven, and the whole file was read twice).
+    types = {f.name: pa.string() if pa.types.is_timestamp(f.type) else f.type for f in target or ()}
+    typed = pacsv.ConvertOptions(null_values=nulls, strings_can_be_null=True, column_types=types or None)
     try:
         table = pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=typed)
         result = conform(table, target, first_line=2 if fmt.header else 1)
@@ -163,6 +165,10 @@ def _text(value: Any) -> str | None:
 
 def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = None) -> FileRead:
     """Cast to the target schema (missing columns become null; new ones are kept for schema merge)."""
+    names = table.column_names
+    if len(set(names)) < len(names):  # a CSV header or an Arrow body naming a column twice: no row can be placed
+        twice = next(n for n in names if names.count(n) > 1)
+        return FileRead(None, [BadRow(None, f"column {twice!r} appears twice", "", twice)])
     compatible = delta_compatible(table.schema)
     if table.schema != compatible:
         table = table.cast(compatible)
@@ -177,9 +183,9 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
             column = table.column(f.name)
             if column.type != f.type:
                 try:
-                    column = column.cast(f.type)
+                    column = cast_to(column, f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    column, failed = _cast_per_value(column, f.type)
+                    column, failed = _cast_per_value(timestamp_text(column, f.type), f.type)
                     for i in failed:
                         failures.setdefault(i, (f.name, f"column {f.name!r}: {table.column(f.name)[i].as_py()!r} "
                                                         f"is not a valid {f.type}"))

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lakefeed.config.base import Frozen, Location, ResolvedPath
+from lakefeed.config.cdm_keys import with_document_key
+from lakefeed.config.limits import Limits
 from lakefeed.config.sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
 from lakefeed.errors import ConfigError
 
@@ -112,7 +114,8 @@ class CdcConfig(Frozen):
     @model_validator(mode="after")
     def _keys_where_needed(self) -> CdcConfig:
         if self.strategy != "append" and not self.primary_key:
-            raise ValueError(f"strategy {self.strategy} needs primary_key")
+            raise ValueError(f"strategy {self.strategy} needs primary_key (none is given, and the entity's CDM schema "
+                             "document marks no attribute `purpose: identifiedBy`)")
         if self.strategy == "append" and (self.sequence_by or self.primary_key):
             raise ValueError("strategy append takes no primary_key or sequence_by; use ledger or upsert")
         if self.history and self.strategy == "append":
@@ -169,6 +172,7 @@ class EntityConfig(Frozen):
     format: FileFormat = CsvFormat()
     event_time: EventTimeConfig = EventTimeConfig()
     cdc: CdcConfig = CdcConfig()
+    limits: Limits = Limits()
     table: Location
     changelog: Location
     quarantine: Location
@@ -179,6 +183,11 @@ class EntityConfig(Frozen):
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: the top-level "
                                                                 "`storage`).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_schema_document(cls, data: Any, info: ValidationInfo) -> Any:
+        return with_document_key(data, (info.context or {}).get("base_dir"))
 
     @model_validator(mode="after")
     def _sources(self) -> EntityConfig:
@@ -262,6 +271,10 @@ class SparkConfig(Frozen):
     nice: int = Field(default=10, ge=0, le=19, description="How much nicer than the intake process (which "
                       "acknowledges pushes) the rest of the daemon runs: Spark's JVM, its Python workers and "
                       "the batches. When the cores are busy, acknowledgements come first; 0 treats them alike.")
+    log_level: Literal["ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = Field(
+        default="ERROR", description="Level of Spark's own log (log4j, on stderr beside lakefeed's events). ERROR "
+        "keeps Spark's routine warnings (a batch falling behind its trigger, …) out of lakefeed's log; WARN or "
+        "INFO to diagnose Spark itself.")
 
 
 class LakefeedConfig(Frozen):

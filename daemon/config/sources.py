@@ -19,6 +19,8 @@ class LocalDirSource(Frozen):
     path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
     reconcile_interval_s: float = Field(default=60.0, gt=0, description="Listing to catch missed events.")
     max_files_per_trigger: int = Field(default=1000, gt=0)
+    follow_symlinks: bool = Field(default=False, description="Take symbolic links whose target is inside the "
+                                  "folder; other links, and all links when false, go to quarantine unread.")
 
 
 def _hex_hashes(value: tuple[str, ...]) -> tuple[str, ...]:

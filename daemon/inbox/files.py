@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +21,15 @@ from pathlib import Path
 from lakefeed import clock
 
 LOG_NAME = "inbox.log"
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+
+
+def not_regular(mode: int) -> str:
+    """Why a file of this mode is not taken ("" for a regular file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    return f"{_KINDS.get(stat.S_IFMT(mode), 'a special file')}, not a regular file"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,7 @@ class FileEvent:
     mtime_ns: int
     etag: str = ""  # objects only
     removed: bool = False
+    problem: str = ""  # why the source already knows the file cannot be read (it goes to quarantine unread)
 
     @property
     def identity(self) -> tuple[str, int, int, str, bool]:
@@ -49,9 +60,11 @@ class InboxRecord:
     enqueued_at: str
     etag: str = ""
     removed: bool = False
+    problem: str = ""
 
-    def as_tuple(self) -> tuple[int, str, int, int, str, str, bool]:
-        return (self.offset, self.path, self.size, self.mtime_ns, self.enqueued_at, self.etag, self.removed)
+    def as_tuple(self) -> tuple[int, str, int, int, str, str, bool, str]:
+        return (self.offset, self.path, self.size, self.mtime_ns, self.enqueued_at, self.etag, self.removed,
+                self.problem)
 
     @property
     def identity(self) -> tuple[str, int, int, str, bool]:
@@ -59,12 +72,12 @@ class InboxRecord:
 
 
 SPARK_SCHEMA = ("offset long, path string, size long, mtime_ns long, enqueued_at string, etag string, "
-                "removed boolean")
+                "removed boolean, problem string")
 
 
 def _parse(line: bytes) -> InboxRecord:
     d = json.loads(line)
-    return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"], d.get("e", ""), d.get("r", False))
+    return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"], d.get("e", ""), d.get("r", False), d.get("x", ""))
 
 
 def _line(rec: InboxRecord) -> str:
@@ -73,6 +86,8 @@ def _line(rec: InboxRecord) -> str:
         d["e"] = rec.etag
     if rec.removed:
         d["r"] = True
+    if rec.problem:
+        d["x"] = rec.problem
     return json.dumps(d)
 
 
@@ -112,7 +127,8 @@ class Inbox:
             for ev in events:
                 if ev.identity in self._seen:
                     continue
-                rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag, ev.removed)
+                rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag, ev.removed,
+                                  ev.problem)
                 lines.append(_line(rec))
                 added.append(rec)
                 self._seen.add(ev.identity)

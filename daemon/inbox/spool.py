@@ -15,12 +15,10 @@ header (JSON: offset, rows, received time, idempotency key, event time), the bod
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from lakefeed import clock, log
-from lakefeed.errors import TerminalError
+from lakefeed.inbox.segments import hold, write_durably
 
 MAGIC = b"LFS1"
 _HEAD = struct.Struct(">4sIQI")
@@ -128,7 +126,7 @@ class Spool:
     def __init__(self, folder: Path, segment_bytes: int, ttl_s: float, lock_timeout_s: float = 10.0) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
-        self._lock_fd: int | None = _hold(folder / _WRITER_LOCK, lock_timeout_s)
+        self._lock_fd: int | None = hold(folder / _WRITER_LOCK, lock_timeout_s)
         self._segment_bytes = segment_bytes
         self._ttl_s = ttl_s
         self.keys: dict[str, Entry] = {}  # in the order the requests came
@@ -207,6 +205,7 @@ class Spool:
             assert self._current is not None and self._fd is not None
             name, fd = self._current.name, self._fd
             first, position = self._sizes[name]
+        start = position
         stamp = clock.to_cdm(clock.now())
         frames, entries = [], []
         for item in items:
@@ -215,8 +214,7 @@ class Spool:
             entries.append(_entry(name, position, len(frame), header))
             frames.append(frame)
             position += len(frame)
-        os.writev(fd, frames)
-        os.fsync(fd)
+        write_durably(fd, frames, start, position)
         with self._lock:
             self._bytes += position - self._sizes[name][1]
             self._sizes[name] = (first, position)
@@ -287,23 +285,6 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
-
-
-def _hold(path: Path, timeout_s: float) -> int:
-    """An exclusive lock on the spool: one writer at a time, across processes too (an intake
-    process that outlives its daemon for a moment must not append behind the next one's back)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise TerminalError(f"the spool {path.parent} is held by another writer for over {timeout_s:g} s "
-                                    "(is an older lakefeed still running on this state_dir? stop it first)") from None
-            time.sleep(0.02)
 
 
 def _entry(segment: str, position: int, length: int, head: dict) -> Entry:

@@ -42,6 +42,7 @@ class IntakeProcess:
         self._schemas: dict[str, pa.Schema | str | None] = {}
         self._paused: set[Target] = set()
         self._accepting = True
+        self._started = False  # every entity attached: an unknown push target is then a 404, not "starting"
         self._lock = threading.RLock()  # one operation at a time on the pipe
         self._proc: subprocess.Popen | None = None
         self._conn: Any = None
@@ -83,6 +84,8 @@ class IntakeProcess:
                 self._call("pause", sorted(self._paused))
             if not self._accepting:
                 self._call("accepting", False)
+            if self._started:
+                self._call("started")
             _log.info("intake.started", pid=self._proc.pid, url=self.url, sources=len(self._attached))
             return self.url
 
@@ -159,6 +162,11 @@ class IntakeProcess:
     def release(self, entity: str, source: str, below: int) -> None:
         """Delete the source's spool segments whose frames are all below `below` (committed)."""
         self._quietly("release", entity, source, below)
+
+    def started(self) -> None:
+        """Every configured push source is attached: from now on an unknown target is a 404 (before, a 503)."""
+        self._started = True
+        self._quietly("started")
 
     def accepting(self, flag: bool) -> None:
         self._accepting = flag

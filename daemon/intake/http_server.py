@@ -39,7 +39,9 @@ class HttpServer:
     def start(self) -> str:
         """Bind and serve; return the base URL."""
         context = None if self.unix else self._tls()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        # Bodies stay as sent: the push API inflates them itself, bounded (intake/records.py: inflate).
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                                     auto_decompress=False)
         where = f"unix socket {self.unix!r}" if self.unix else f"{self.cfg.host}:{self.cfg.port}"
         try:
             self._loop.run_until_complete(self._runner.setup())

@@ -62,10 +62,13 @@ def document() -> dict[str, Any]:
                     "401": _error("No or invalid bearer token"),
                     "403": _error("The token belongs to another source"),
                     "404": _error("Unknown entity or source"),
-                    "413": _error("Body larger than http.max_body_bytes"),
+                    "413": _error("Body larger than http.max_body_bytes, also once inflated (Content-Encoding "
+                                  "gzip or deflate)"),
                     "415": _error("Unsupported Content-Type"),
                     "429": _error("Rate limit of the source exceeded", retry_after=True),
-                    "503": _error("Spool full (ingestion behind) or daemon stopping", retry_after=True),
+                    "503": _error("Spool full (ingestion behind), daemon starting or stopping, or the spool could "
+                                  "not write: nothing stored, send again", retry_after=True),
+                    "507": _error("The spool's disk is full: nothing stored, send again", retry_after=True),
                 }}},
             "/v1/entities/{entity}/notifications": {"post": {
                 "summary": "S3 event notifications for an entity whose source is a bucket (SNS, MinIO webhook)",

@@ -79,6 +79,7 @@ class Intake:
 
     def __init__(self, http: HttpConfig, upstream: str) -> None:
         self.api = PushApi([], http.max_body_bytes)
+        self.api.starting = True  # until the daemon says every push source is attached
         passthrough = Passthrough(upstream)
         self.server = HttpServer(http, [*self.api.routes(), *passthrough.routes()])
         self.server.app.on_cleanup.append(passthrough.close)
@@ -104,6 +105,8 @@ class Intake:
             return endpoint.spool.release(below) if endpoint is not None else 0
         elif op == "accepting":
             self.api.accepting = args[0]
+        elif op == "started":
+            self.api.starting = False
         else:
             raise ValueError(f"unknown operation {op!r}")
         return None

@@ -27,9 +27,10 @@ from aiohttp import web
 
 from lakefeed import clock, log
 from lakefeed.config.model import EntityConfig, PushSource
+from lakefeed.inbox.segments import SpoolWriteError
 from lakefeed.inbox.spool import Entry, Pending, Spool, encode
 from lakefeed.intake.group_commit import GroupCommit
-from lakefeed.intake.records import Rejected, accept, kind_of
+from lakefeed.intake.records import Rejected, accept, inflate, kind_of
 
 ROUTE = "/v1/entities/{entity}/sources/{source}/records"
 # Bodies up to this size are decoded on the event loop: ~0.1 ms of work, less than the hand-off to a
@@ -39,7 +40,7 @@ _log = log.get(__name__)
 
 
 def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()  # any header bytes
 
 
 class TokenBucket:
@@ -79,8 +80,10 @@ class Endpoint:
         limiter = TokenBucket(source.rate_limit_per_s) if source.rate_limit_per_s else None
         return cls(cfg, source, table_schema, spool, GroupCommit(spool, source.spool_max_bytes), limiter)
 
-    def prepare(self, body: bytes, content_type: str, key: str | None, event_time: str | None) -> Pending:
-        """Decode and validate (in a worker thread); Rejected when the request cannot be stored."""
+    def prepare(self, body: bytes, content_type: str, key: str | None, event_time: str | None,
+                encoding: str | None = None, limit: int = 0) -> Pending:
+        """Inflate, decode and validate (in a worker thread); Rejected when the request cannot be stored."""
+        body = inflate(body, encoding, limit)
         target = self.table_schema() or self.first_schema
         table = accept(body, content_type, self.cfg, target)
         if target is None:
@@ -108,6 +111,7 @@ class PushApi:
         self._decoders = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push-decode")
         self._inflight: dict[tuple[str, str, str], asyncio.Future[Entry | None]] = {}
         self.accepting = True
+        self.starting = False  # the intake process sets it until the daemon has attached every push source
         self.attach(endpoints)
 
     def attach(self, endpoints: list[Endpoint]) -> None:
@@ -169,6 +173,8 @@ class PushApi:
                 self._active[target] = self._active.get(target, 0) + 1
         if paused:
             raise _error(503, "this source is being reconfigured; retry in a moment", {"Retry-After": "1"})
+        if endpoint is None and self.starting:
+            raise _error(503, "lakefeed is starting; retry in a moment", {"Retry-After": "2"})
         if endpoint is None:
             raise _error(404, f"no push source {target[1]!r} for entity {target[0]!r}")
         try:
@@ -228,16 +234,22 @@ class PushApi:
                      event_time: str | None) -> Entry:
         body = await request.read()
         try:
-            if len(body) <= INLINE_BYTES:
+            encoding = request.headers.get("Content-Encoding")
+            if len(body) <= INLINE_BYTES and not encoding:
                 pending = endpoint.prepare(body, request.content_type, key, event_time)
             else:
                 pending = await asyncio.get_running_loop().run_in_executor(
-                    self._decoders, endpoint.prepare, body, request.content_type, key, event_time)
+                    self._decoders, endpoint.prepare, body, request.content_type, key, event_time, encoding,
+                    self.max_body_bytes)
         except Rejected as exc:
             _log.info("push.rejected", entity=endpoint.cfg.name, source=endpoint.source.name, status=exc.status,
                       error=exc.message, problems=len(exc.problems))
             raise _error(exc.status, exc.message, body=exc.as_json()) from exc
-        return await endpoint.commit.store(pending)
+        try:
+            return await endpoint.commit.store(pending)
+        except SpoolWriteError as exc:  # nothing of the request is acknowledged: the producer keeps it
+            status = 507 if exc.no_space else 503
+            raise _error(status, f"{exc}; nothing was stored, retry later", {"Retry-After": "5"}) from exc
 
     def close(self) -> None:
         self._decoders.shutdown(wait=True)
@@ -268,7 +280,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None,
     cls = web.HTTPException
     for candidate in (web.HTTPBadRequest, web.HTTPUnauthorized, web.HTTPForbidden, web.HTTPNotFound,
                       web.HTTPRequestEntityTooLarge, web.HTTPUnsupportedMediaType, web.HTTPTooManyRequests,
-                      web.HTTPServiceUnavailable):
+                      web.HTTPServiceUnavailable, web.HTTPInsufficientStorage):
         if candidate.status_code == status:
             cls = candidate
     payload = body or {"error": message}

@@ -9,8 +9,10 @@ request with any problem is rejected whole: nothing of it is stored.
 from __future__ import annotations
 
 import csv
+import ctypes
 import io
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +23,12 @@ import pyarrow.parquet as pq
 
 from lakefeed import clock
 from lakefeed.batch import event_time
+from lakefeed.batch.admit import PARSER_DEPTH, schema_problems, too_deep, utf8_problem
 from lakefeed.batch.read import BadRow, conform, from_rows, json_options
 from lakefeed.config.model import EntityConfig
 
 MAX_PROBLEMS = 100
+_LIBC = ctypes.CDLL(None)  # malloc_trim: glibc, the only libc lakefeed runs on (Linux, systemd)
 # JSON bodies up to this size may take the fast path of `accept` (10 records: ~45 instead of ~80 µs);
 # from about 100 records on, checking every value in Python costs as much as Arrow's inference and casts.
 PLAIN_BYTES = 4096
@@ -65,6 +69,29 @@ class Rejected(Exception):
                 "problems_total": len(self.problems)}
 
 
+def inflate(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body with its Content-Encoding (gzip, deflate) undone, never holding more than `limit` bytes of it:
+    a bomb of a few hundred kilobytes that inflates to gigabytes is a 413 after `limit` bytes, not a few
+    hundred megabytes of memory the process keeps (the HTTP server leaves bodies compressed for this)."""
+    codings = [c.strip().lower() for c in (encoding or "").split(",")]
+    for coding in reversed([c for c in codings if c and c != "identity"]):
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            raise Rejected(415, f"Content-Encoding {coding!r} is not supported; send gzip, deflate or none")
+        # gzip: a gzip header; deflate: a zlib header, or (as some clients send it) raw deflate
+        wbits = 16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise Rejected(400, f"the body is not valid {coding}: {exc}") from exc
+        if len(out) > limit or inflater.unconsumed_tail:
+            del out
+            _LIBC.malloc_trim(0)  # glibc keeps the freed inflate buffers otherwise: each bomb would grow the process
+            raise Rejected(413, f"the body inflates to more than {limit} bytes (http.max_body_bytes)")
+        body = out
+    return body
+
+
 def kind_of(content_type: str) -> str:
     kind = CONTENT_TYPES.get(content_type.split(";")[0].strip().lower())
     if kind is None:
@@ -81,6 +108,8 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table
         if kind == "json":
             return from_rows(_json_array(body))
         if kind == "ndjson":
+            if too_deep(body):  # pyarrow's reader would crash the process on it
+                raise Rejected(400, f"the body nests more than {PARSER_DEPTH} levels deep; nothing was stored")
             try:
                 return pajson.read_json(io.BytesIO(body), parse_options=json_options(target))
             except pa.ArrowInvalid:
@@ -99,7 +128,22 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table
 def accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None) -> pa.Table:
     """The records of a request, decoded, conformed and checked (`decode` + `validate`), or Rejected.
 
-    A small JSON request whose values plainly fit their columns (`_plain`) is built straight into the
+    Whatever a body makes the decoders raise is the body's fault, and answered as such (400), never 500."""
+    if not body:
+        raise Rejected(400, "the request body is empty")
+    try:
+        return _accept(body, content_type, cfg, target)
+    except Rejected:
+        raise
+    except RecursionError as exc:
+        raise Rejected(400, "the body nests too deeply to decode "
+                            f"(columns may nest {cfg.limits.max_nesting} levels: limits.max_nesting)") from exc
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:  # UnicodeError is a ValueError
+        raise Rejected(400, f"the records cannot be stored: {type(exc).__name__}: {exc}") from exc
+
+
+def _accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None) -> pa.Table:
+    """A small JSON request whose values plainly fit their columns (`_plain`) is built straight into the
     table's types: about half the work of inferring types and casting them, which is most of what a
     10-record push costs besides HTTP. Every other request takes the general path."""
     if target is not None and len(body) <= PLAIN_BYTES and kind_of(content_type) == "json":
@@ -113,6 +157,11 @@ def validate(table: pa.Table, cfg: EntityConfig, target: pa.Schema | None) -> pa
     """Conform to the entity's schema and check keys and event times; Rejected lists every problem."""
     if table.num_rows == 0:
         raise Rejected(400, "the request holds no records")
+    columns = [Problem(None, name, message) for name, message in schema_problems(table.schema, target, cfg.limits)]
+    if columns:
+        raise Rejected(400, "the columns cannot be stored; nothing was stored", columns)
+    if (invalid := utf8_problem(table)) is not None:
+        raise Rejected(400, f"{invalid}; nothing was stored")
     read = conform(table, target, first_line=1)
     assert read.table is not None
     return _checked(table, read.table, [Problem(b.line, b.field, b.reason) for b in read.bad], cfg)

@@ -170,12 +170,40 @@ class ManifestKeeper:
         except FileNotFoundError:
             return -1, set()
 
+    def _saved_entity(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._state_path.read_text(encoding="utf-8")).get("entity")
+        except FileNotFoundError:
+            return None
+
+    def restore(self) -> None:
+        """Bring back a manifest, or the entity's declaration in it, deleted while lakefeed keeps it: from the
+        copy of the declaration saved at the last refresh, so no partition written before is lost."""
+        with manifest_lock(self.cfg.manifest):
+            try:
+                doc: dict[str, Any] | None = cdm_manifest.load(self.cfg.manifest)
+            except FileNotFoundError:
+                doc = None
+            if doc is not None and cdm_manifest.find_entity(doc, self.cfg.name) is not None:
+                return
+            saved = self._saved_entity()
+            if saved is None:
+                return  # nothing written yet: the declaration is made from the config (ensure_entity)
+            doc = doc or cdm_manifest.new_manifest(self.cfg.manifest.name.removesuffix(".manifest.cdm.json"))
+            doc.setdefault("entities", []).append(saved)
+            cdm_manifest.save(self.cfg.manifest, doc)
+            _log.warning("manifest.restored", entity=self.cfg.name, manifest=str(self.cfg.manifest),
+                         partitions=sum(len(saved.get(k) or ()) for k in ("dataPartitions", "incrementalPartitions")),
+                         reason="the manifest or the entity's declaration was deleted; restored from committed state")
+            self._publish([self.cfg.manifest])
+
     def owned(self) -> set[str]:
         """Locations whose manifest entries lakefeed wrote (so they are not explicit partitions)."""
         return self.state()[1]
 
     def refresh(self) -> int:
         """Apply every commit not yet in the manifest; return how many partitions were written."""
+        self.restore()
         with manifest_lock(self.cfg.manifest):
             applied, owned = self.state()
             commits = [c for c in self._table.commits_after(applied) if METADATA_KEY in c]
@@ -204,7 +232,7 @@ class ManifestKeeper:
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
             self._publish(changed)
-            self._save_state(latest, owned)
+            self._save_state(latest, owned, entity)
             return written
 
     def _describe_schema(self, entity: dict[str, Any]) -> list[Path]:
@@ -226,10 +254,12 @@ class ManifestKeeper:
             return None
         return clock.to_cdm(clock.from_ns(doc.stat().st_mtime_ns))
 
-    def _save_state(self, version: int, owned: set[str]) -> None:
+    def _save_state(self, version: int, owned: set[str], entity: dict[str, Any]) -> None:
+        """The version applied, and a copy of the declaration as written (what `restore` brings back)."""
         self._state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"applied_version": version, "owned": sorted(owned)}), encoding="utf-8")
+        state = {"applied_version": version, "owned": sorted(owned), "entity": entity}
+        tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self._state_path)
 
 

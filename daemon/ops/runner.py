@@ -16,6 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import tenacity
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -36,9 +37,18 @@ from lakefeed.intake.client import IntakeProcess
 from lakefeed.ops.metrics import Metrics
 from lakefeed.pipeline.commit import BatchResult, Sinks
 from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.faults import store_fault
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+
+
+def manifest_stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _offsets(raw: object) -> dict[tuple[str, str], int]:
@@ -88,11 +98,14 @@ class EntityRunner:
         elif cfg.source is not None:
             self.inbox = Inbox(cfg.state / "inbox")
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
-                                         excluded=excluded)
+                                         excluded=excluded, follow_symlinks=cfg.source.follow_symlinks)
         self.spools: dict[str, SpoolEnd] = {}  # a push stream's frames written so far (for its backlog)
         self._writers: dict[str, Spool] = {}  # without an intake: the push streams' spools, to release them
         self._counting = threading.Lock()
         self.queries: dict[str, StreamingQuery] = {}
+        self._shutdown = threading.Event()
+        self.failed_on: tuple[int, int] | None = None  # the manifest's (mtime, size) when an error stopped it
+        self._halting: set[str] = set()  # streams being stopped: their batches stop retrying
         self.consumed: dict[str, int] = {}
         self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
         self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
@@ -128,6 +141,7 @@ class EntityRunner:
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
         """Stop these streams' queries after their running batch."""
+        self._halting.update(streams)
         for stream in streams:
             query = self.queries.pop(stream, None)
             if query is not None:
@@ -141,6 +155,7 @@ class EntityRunner:
                 writer.close()
             self.consumed.pop(stream, None)
             self.pipeline.forget(stream)
+            self._halting.discard(stream)
 
     def reconfigure(self, cfg: EntityConfig, streams: list[str], deadline: float) -> None:
         """Take a config that differs only in these record sources (push, Kafka): restart just them."""
@@ -206,9 +221,9 @@ class EntityRunner:
     def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
         started = time.monotonic()
         try:
-            result = work()
+            result = self._until_stored(stream, batch_id, work)
         except LakefeedError as exc:
-            self.error, self.terminal = str(exc), True
+            self.stopped_by(exc)
             self.metrics.error(self.cfg.name, type(exc).__name__)
             _log.error("entity.failed", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=str(exc))
             raise
@@ -219,6 +234,26 @@ class EntityRunner:
             self.consumed[stream] = end
         self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
         self.progress_at = time.monotonic()
+
+    def _until_stored(self, stream: str, batch_id: int, work: Callable[[], BatchResult]) -> BatchResult:
+        """The batch, tried again while the store is at fault (a full disk, an unreachable bucket): the commit
+        protocol makes a second try finish what the first began. A stop ends the waiting (the batch is then
+        replayed from the checkpoint at the next start)."""
+
+        def halted(_: object) -> bool:
+            return self._shutdown.is_set() or stream in self._halting
+
+        def waiting(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            self.metrics.error(self.cfg.name, type(exc).__name__)
+            _log.warning("batch.retrying", entity=self.cfg.name, stream=stream, batch_id=batch_id,
+                         attempt=state.attempt_number, error=str(exc)[:1000],
+                         in_s=round(state.next_action.sleep, 1) if state.next_action else None)
+
+        retrying = tenacity.Retrying(retry=tenacity.retry_if_exception(store_fault), stop=halted,
+                                     wait=tenacity.wait_exponential(multiplier=0.5, max=10), before_sleep=waiting,
+                                     sleep=self._shutdown.wait, reraise=True)
+        return retrying(work)
 
     def backlog(self, stream: str) -> int:
         """Files, frames or messages waiting for the stream (not yet in a committed batch)."""
@@ -291,6 +326,7 @@ class EntityRunner:
                     self._unavailable[stream] = status["unavailable"]
 
     def stop_intake(self) -> None:
+        self._shutdown.set()  # a batch waiting out a store fault gives up: it is replayed at the next start
         if self.source is not None:
             self.source.stop()
 
@@ -303,11 +339,22 @@ class EntityRunner:
         self._writers.clear()
         _log.info("entity.stopped", entity=self.cfg.name)
 
+    def stopped_by(self, error: LakefeedError) -> None:
+        """An error lakefeed reported stops the entity. The manifest's version that failed (or, for other errors, the
+        one there now) is kept: a change to it, a fix, starts the entity again (the supervisor's `_revive`)."""
+        self.failed_on = getattr(error, "stamp", None) or manifest_stamp(self.cfg.manifest)
+        self.error, self.terminal = str(error), True
+
     def running(self) -> bool:
         return self.error is None and bool(self.queries) and all(q.isActive for q in self.queries.values())
 
     def check(self) -> None:
-        """Report a query that died (once)."""
+        """Report a query or a source that died (once)."""
+        failure = self.source.failure() if self.source is not None else None
+        if failure is not None and self.error is None:
+            self.error = failure
+            self.metrics.error(self.cfg.name, "source_stopped")
+            _log.error("entity.failed", entity=self.cfg.name, stream=FILES, error=failure)
         for stream, query in self.queries.items():
             if not query.isActive and self.error is None:
                 exc = query.exception()

@@ -44,7 +44,7 @@ from lakefeed.intake.s3_webhook import Webhooks
 from lakefeed.ops import spark, status_api
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import notify
-from lakefeed.ops.runner import EntityRunner
+from lakefeed.ops.runner import EntityRunner, manifest_stamp
 
 _log = log.get(__name__)
 _AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
@@ -142,6 +142,8 @@ class Supervisor:
         # cyclic collection no longer walks it: unfrozen, one walks ~150k objects (~0.1 s on an idle core)
         # holding the GIL that the HTTP loop shares, a pause every push request in flight waits out.
         gc.freeze()
+        if self.intake is not None:
+            self.intake.started()  # pushes to unknown targets were 503 (starting) until now; 404 from here on
         self.ready = True
         _log.info("daemon.ready", entities=running, http=self.url or None)
         notify(READY="1", STATUS=self.status_line())
@@ -157,6 +159,7 @@ class Supervisor:
             if self.intake is not None:
                 self.intake.check()
             healthy = self.intake is None or self.intake.pid is not None
+            self._revive()
             for runner in list(self.runners.values()):
                 runner.check()
                 runner.sample()
@@ -200,11 +203,28 @@ class Supervisor:
         try:
             runner.start(reconcile_first=self.drain)
         except LakefeedError as exc:
-            runner.error, runner.terminal = str(exc), True
+            runner.stopped_by(exc)
             runner.stop_intake()
             self.metrics.error(entity.name, type(exc).__name__)
             _log.error("entity.failed", entity=entity.name, error=str(exc))
         self._attach(runner, [p.name for p in entity.push])
+
+    def _revive(self) -> None:
+        """Start again, without a restart of the daemon, an entity stopped by an error lakefeed reported (an
+        invalid manifest, say) once the file it failed on has changed: fixed, restored or removed."""
+        for name, runner in list(self.runners.items()):
+            if runner.error is None or not runner.terminal:
+                continue
+            if manifest_stamp(runner.cfg.manifest) != runner.failed_on:
+                _log.info("entity.reviving", entity=name, reason=f"{runner.cfg.manifest} changed")
+                self._restart(name)
+
+    def _restart(self, name: str) -> None:
+        entity = self.runners[name].cfg
+        self._stop_entity(name)
+        self._start(entity)
+        if self.intake is not None:
+            self.intake.resume([(name, p.name) for p in entity.push])
 
     def _attach(self, runner: EntityRunner, streams: list[str]) -> None:
         """Have the intake serve these push sources of the runner's entity (after the runner started)."""
@@ -214,7 +234,7 @@ class Supervisor:
         try:
             self.intake.attach(runner.cfg, sources, runner.pipeline.push_schema())
         except LakefeedError as exc:
-            runner.error, runner.terminal = str(exc), True
+            runner.stopped_by(exc)
             self.metrics.error(runner.cfg.name, type(exc).__name__)
             _log.error("entity.failed", entity=runner.cfg.name, error=str(exc))
 
@@ -228,6 +248,10 @@ class Supervisor:
         runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
         if self.intake is not None:
             self.intake.detach(targets)
+
+    def _failed(self, name: str) -> bool:
+        runner = self.runners.get(name)
+        return runner is not None and runner.error is not None
 
     def _reconfigure(self, name: str, new: EntityConfig, streams: list[str]) -> None:
         """Restart only the record sources of an entity that changed; its other streams keep running."""
@@ -275,8 +299,10 @@ class Supervisor:
         removed = [n for n in old if n not in wanted]
         added = [n for n in wanted if n not in old]
         changed = [n for n in wanted if n in old and wanted[n] != old[n]]
-        in_place = {n: _changed_record_sources(old[n], wanted[n]) for n in changed}
+        in_place = {n: _changed_record_sources(old[n], wanted[n]) for n in changed if not self._failed(n)}
         in_place = {n: streams for n, streams in in_place.items() if streams is not None}
+        # A failed entity is started again by any reload: its manifest may have been fixed meanwhile.
+        changed += [n for n in wanted if n in old and wanted[n] == old[n] and self._failed(n)]
         for name, streams in in_place.items():
             self._reconfigure(name, wanted[name], streams)
         changed = [n for n in changed if n not in in_place]

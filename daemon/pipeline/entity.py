@@ -22,10 +22,12 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages
-from lakefeed.batch.discovery import Discovery, Partition
-from lakefeed.batch.read import BadRow, FileRead, conform, read_file
+from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, argument_clash
+from lakefeed.batch.landed import Landed, Superseded, Unreadable, read_landed
+from lakefeed.batch.read import BadRow, FileRead, conform
 from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
+from lakefeed.config.sources import LocalDirSource
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.inbox import storage
 from lakefeed.inbox.files import InboxRecord
@@ -33,6 +35,7 @@ from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
+from lakefeed.pipeline.faults import commit_or_park
 
 _log = log.get(__name__)
 
@@ -136,7 +139,7 @@ class EntityPipeline:
         data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
         result.files += len(entries)
         snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
-        committer.commit(data, bad, result, checked_at, log_, snapshot)
+        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
         self.keeper.refresh()
         return result
 
@@ -175,7 +178,7 @@ class EntityPipeline:
                 data = cdc.tag(data, cdc.file_kind(self.cfg.cdc, None), batch_id)
             data, bad_times = event_time.stamp(data, self.cfg.event_time, "", 0, checked_at)
             bad.extend((f"kafka/{stream}", b) for b in bad_times)
-        committer.commit(data, bad, result, checked_at, log_)
+        commit_or_park(committer, data, bad, result, checked_at, log_)
         self.keeper.refresh()
         return result
 
@@ -191,13 +194,15 @@ class EntityPipeline:
             self.keeper.refresh()
             return result
         checked_at = clock.now()
+        self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
         doc = cdm_manifest.load(self.cfg.manifest)
         entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
         discovery = Discovery.from_entity(entity, self.keeper.owned())
+        siblings = _Siblings(doc, self.cfg.name)
         target = self.sinks.table.schema() or self._declared_schema(entity)
         matched, removed = [], {}
         for rec in records:
-            partition = self._discover(discovery, rec, log_)
+            partition = self._discover(discovery, siblings, rec, log_)
             if partition is None:
                 result.unmatched += 1
             elif rec.removed:
@@ -237,7 +242,7 @@ class EntityPipeline:
             if retracted and data is not None:  # its rows, read before it went, are not the state either
                 data = data.filter(pc.not_equal(data.column("source_file"), retracted))
         failpoints.reached("batch.discovered")
-        committer.commit(data, bad, result, checked_at, log_, snapshot_file)
+        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot_file)
         self.keeper.refresh()
         return result
 
@@ -266,10 +271,16 @@ class EntityPipeline:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
 
-    def _discover(self, discovery: Discovery, rec: InboxRecord, log_) -> Partition | None:
+    def _discover(self, discovery: Discovery, siblings: _Siblings, rec: InboxRecord, log_) -> Partition | None:
         relative = self._relative(rec.path)
         partition = discovery.match(relative)
-        if partition is None:
+        if partition is None and siblings.take(relative):
+            log_.debug("file.sibling", file=rec.path, relative=relative)  # another entity of the folder's
+        elif partition is None and relative in discovery.timed_out:
+            log_.warning("file.unmatched", file=rec.path, relative=relative,
+                         reason=f"pattern {discovery.timed_out[relative]!r} took longer than the time limit "
+                                f"({MATCH_TIME_LIMIT_S:g} s) to match it; simplify the pattern, then land it again")
+        elif partition is None:
             log_.warning("file.unmatched", file=rec.path, relative=relative,
                          reason="no partition pattern or explicit partition of the entity matches it")
         else:
@@ -280,34 +291,41 @@ class EntityPipeline:
     def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None, checked_at: datetime,
               log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
         """(location, rows with partition columns, provenance, change kind and event time, bad rows),
-        or None when the file is not there to read."""
-        if storage.is_s3(rec.path):  # read from a local copy, made once
+        or None when the file is not there to read (or has a newer version, with its own inbox record)."""
+        if rec.problem:  # the source saw it cannot be taken (a link, a FIFO, a name that is not UTF-8…)
+            return partition.location, None, [BadRow(None, rec.problem, "")]
+        local = not storage.is_s3(rec.path)
+        if local:
+            path = Path(rec.path)
+        else:  # read from a local copy, made once
             path = self.cfg.state / "staging" / f"{rec.offset}-{os.path.basename(rec.path)}"
             found = self.storage.fetch(rec.path, path)
-            now = None if found is None else (found.size, found.mtime_ns)
-        else:
-            path = Path(rec.path)
-            try:
-                st = path.stat()
-                now = (st.st_size, st.st_mtime_ns)
-            except FileNotFoundError:
-                now = None
-        try:
-            if now is None:
+            if found is None:
                 log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
                 return None
-            if now != (rec.size, rec.mtime_ns):
-                # Rewritten since it was enqueued: its new version has its own, later inbox record.
+            if (found.size, found.mtime_ns) != (rec.size, rec.mtime_ns):
                 log_.info("file.superseded", file=rec.path)
+                path.unlink(missing_ok=True)
                 return None
-            file_target = _without(target, partition.arguments)
-            try:
-                read = read_file(path, self.cfg.format, None if self.cfg.cdc.debezium else file_target)
-            except FileNotFoundError:
-                log_.warning("file.vanished", file=rec.path, reason="deleted while it was read; skipped")
-                return None
+        file_target = _without(target, partition.arguments)
+        source = self.cfg.source
+        follow = local and isinstance(source, LocalDirSource) and source.follow_symlinks
+        try:
+            with Landed(path, source.path if isinstance(source, LocalDirSource) else path.parent, follow) as landed:
+                if local and landed.identity() != (rec.size, rec.mtime_ns):
+                    raise Superseded("rewritten since it was enqueued")
+                read = read_landed(landed, self.cfg.format, None if self.cfg.cdc.debezium else file_target,
+                                   self.cfg.limits)
+        except FileNotFoundError:
+            log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
+            return None
+        except Superseded as exc:  # its new version has its own, later inbox record
+            log_.info("file.superseded", file=rec.path, reason=str(exc))
+            return None
+        except Unreadable as exc:
+            read = FileRead(None, [BadRow(None, str(exc), "")])
         finally:
-            if path != Path(rec.path):
+            if not local:
                 path.unlink(missing_ok=True)
         if self.cfg.cdc.debezium and read.table is not None:
             unwrapped = conform(cdc.unwrap_debezium(read.table), file_target)
@@ -315,6 +333,9 @@ class EntityPipeline:
         location = partition.location
         if read.table is None:
             return location, None, read.bad
+        clash = argument_clash(partition, read.table.column_names)
+        if clash is not None:
+            return location, None, [*read.bad, BadRow(None, clash, f"{read.table.num_rows} rows not applied")]
         table = _with_arguments(read.table, partition, location)
         if self.cfg.cdc.keyed:
             table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, partition.incremental_type), rec.offset)
@@ -331,10 +352,23 @@ class EntityPipeline:
             return None
         return from_entity_document(document, self.cfg.name)
 
+class _Siblings:
+    """The other local entities of the manifest: a file one of them takes is theirs, not unmatched (every entity
+    of a CDM folder sees every file landing in it). Their patterns are compiled on the first unmatched file."""
+
+    def __init__(self, doc: dict, own: str) -> None:
+        self._entities = [e for e in doc.get("entities") or () if e.get("entityName") != own
+                          and e.get("type", "LocalEntity") == "LocalEntity"]
+        self._discoveries: list[Discovery] | None = None
+
+    def take(self, relative: str) -> bool:
+        if self._discoveries is None:
+            self._discoveries = [Discovery.from_entity(e) for e in self._entities]
+        return any(d.match(relative) is not None for d in self._discoveries)
+
+
 def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
     for name, values in partition.arguments.items():
-        if name in table.column_names:
-            continue  # the data's own column wins; the argument stays in the manifest
         value = values[0] if len(values) == 1 else json.dumps(values)
         table = table.append_column(name, pa.repeat(pa.scalar(value, pa.string()), table.num_rows))
     return table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))

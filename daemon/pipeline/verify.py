@@ -7,6 +7,7 @@ correct-from, and that the replayed state equals the table row for row.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -38,8 +39,8 @@ def verify(cfg: EntityConfig, limit: int = 20) -> list[str]:
     appended: Counter[tuple] = Counter()
     pending: tuple | None = None  # the key of a correct-from waiting for its correct-to
     for r in log:
-        values = tuple(r.get(stored[c]) for c in columns)
-        key = tuple(r.get(stored[k]) for k in keys)
+        values = tuple(_hashable(r.get(stored[c])) for c in columns)
+        key = tuple(_hashable(r.get(stored[k])) for k in keys)
         op = r["op"]
         if pending is not None and (op != OP_CORRECT_TO or key != pending):
             problems.append(f"offset {r['offset']}: a correct-from at key {pending} is not followed by its correct-to")
@@ -62,9 +63,17 @@ def verify(cfg: EntityConfig, limit: int = 20) -> list[str]:
         if len(problems) >= limit:
             return problems
     replayed = appended if not keys else Counter(state.values())
-    current = Counter(tuple(row[c] for c in columns) for row in (table.to_pylist() if table is not None else []))
+    current = Counter(tuple(_hashable(row[c]) for c in columns)
+                      for row in (table.to_pylist() if table is not None else []))
     if replayed != current:
         missing, extra = current - replayed, replayed - current
         problems.append(f"replayed changelog differs from the table: {sum(missing.values())} table rows not "
                         f"reproduced, {sum(extra.values())} replayed rows not in the table")
     return problems[:limit]
+
+
+def _hashable(value: Any) -> Any:
+    """Nested values (structs, lists, maps) as canonical JSON, so rows can be counted and compared."""
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value

@@ -1,0 +1,77 @@
+"""Why a batch failed, which decides what happens next.
+
+A store fault (a full disk, an I/O error, an unreachable bucket, a concurrent writer) may go
+away: the batch is tried again, with backoff, and nothing moves on until it commits. A data
+fault (rows the table cannot take: a schema it refuses, a value it cannot store) will not go
+away however often the batch is tried: its rows are parked in quarantine with the reason and
+the stream goes on, so one bad record can never strand what was acknowledged after it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from deltalake.exceptions import CommitFailedError
+
+from lakefeed.batch import cdc
+from lakefeed.batch.changelog import quarantine_table
+from lakefeed.batch.read import BadRow
+from lakefeed.errors import LakefeedError, TransientError
+from lakefeed.pipeline.commit import BatchResult, Committer
+
+# What Rust (delta-rs, object_store) and boto say when the store, not the data, is at fault.
+_STORE = re.compile(r"os error \d+|no space left|disk quota|i/o error|timed? ?out|connection|broken pipe|"
+                    r"generic s3 error|dispatch failure|service unavailable|throttl|slowdown|too many open files",
+                    re.IGNORECASE)
+
+
+def store_fault(exc: BaseException) -> bool:
+    if isinstance(exc, LakefeedError) and not isinstance(exc, TransientError):
+        return False  # lakefeed decided already: a terminal error stops the entity with what to do
+    if isinstance(exc, OSError | TimeoutError | TransientError | CommitFailedError):
+        return True
+    return bool(_STORE.search(str(exc)))
+
+
+# Errors of lakefeed's own code, not of the data: parking would hide them behind a quarantine.
+_BUGS = (AttributeError, NameError, AssertionError, ImportError, RecursionError)
+
+
+def data_fault(exc: BaseException) -> bool:
+    """Not the store's fault, not a bug: delta-rs raises its schema refusals as bare Exceptions ("Schema error:
+    Duplicate field name"), Arrow its casts as ArrowInvalid, and so on."""
+    if store_fault(exc) or isinstance(exc, (LakefeedError, *_BUGS)):  # lakefeed's own errors say what to do
+        return False
+    return isinstance(exc, Exception)
+
+
+def commit_or_park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
+                   checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
+    """Commit the batch; if the data is at fault, put every row of it in quarantine instead (once, also on
+    replay: under an application id of its own) and let the stream go on."""
+    try:
+        committer.commit(data, bad, result, checked_at, log_, snapshot_file)
+        return
+    except Exception as exc:
+        if not data_fault(exc) or _partly_committed(committer, result.batch_id):
+            raise  # a batch some table already holds is completed on replay, never parked in part
+        reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
+        log_.error("batch.parked", error=reason, rows=data.num_rows if data is not None else 0)
+    batch_id = result.batch_id
+    parked = [] if committer.done(committer.sinks.quarantine, batch_id) else list(bad)
+    if data is not None:
+        parked += cdc.bad_rows(data, reason)
+    app_id = f"{committer.app_id}:parked"
+    version = committer.sinks.quarantine.committed_version(app_id)
+    if parked and (version is None or version < batch_id):
+        committer.sinks.quarantine.append(quarantine_table(committer.cfg.name, parked, batch_id, checked_at),
+                                          app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+    result.rows, result.changes, result.quarantined = 0, 0, len(parked)
+
+
+def _partly_committed(committer: Committer, batch_id: int) -> bool:
+    sinks = (committer.sinks.table, committer.sinks.changelog, committer.sinks.history)
+    return any(committer.done(sink, batch_id) for sink in sinks if sink is not None)

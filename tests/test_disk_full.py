@@ -1,0 +1,165 @@
+"""A full disk never costs an acknowledged record: on a small real tmpfs, the spool refuses what it cannot
+make durable (507, nothing acknowledged) and every 202 before it is read back whole, also after more
+frames were written once space came back."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lakefeed.config import model as config
+from lakefeed.inbox.segments import SpoolWriteError
+from lakefeed.inbox.spool import Pending, Spool, SpoolReader, encode, read_entry
+from lakefeed.intake.http_server import HttpServer
+from lakefeed.intake.push_api import Endpoint, PushApi, token_hash
+from tests.conftest import write_config
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB file system (tmpfs), unmounted after the test."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _frame(text: str, key: str) -> Pending:
+    return Pending(encode(pa.table({"v": [text]})), 1, key, None)
+
+
+def _fill(folder: Path, leave: int) -> Path:
+    """A file taking all but about `leave` bytes of the file system."""
+    filler = folder / "filler"
+    stat = os.statvfs(folder)
+    try:
+        filler.write_bytes(b"\0" * max(0, stat.f_bavail * stat.f_frsize - leave))
+    except OSError:
+        pass  # full before the last byte: as full as wanted
+    return filler
+
+
+def test_a_write_the_disk_cannot_take_is_refused_and_cut_back(small_disk):
+    spool = Spool(small_disk / "spool", segment_bytes=1 << 30, ttl_s=60)
+    acked = spool.append([_frame("a" * 1000, "k0")])
+    filler = _fill(small_disk, leave=8192)
+    more = []
+    with pytest.raises(SpoolWriteError) as refused:
+        for i in range(100):  # each 4 KiB: the disk is full within a few
+            more += spool.append([_frame(chr(65 + i % 26) * 4000, f"k{i + 1}")])
+    assert refused.value.no_space
+    acked += more
+    segment = small_disk / "spool" / acked[0].segment
+    assert segment.stat().st_size == acked[-1].position + acked[-1].length, "the torn bytes were cut back"
+    filler.unlink()
+    acked += spool.append([_frame("z" * 1000, "after")])  # space again: the spool goes on
+    spool.close()
+    reopened = Spool(small_disk / "spool", segment_bytes=1 << 30, ttl_s=60)
+    assert reopened.next_offset == len(acked)
+    reader = SpoolReader(small_disk / "spool")
+    entries = reader.entries(0, reader.refresh())
+    assert [(e.offset, e.key) for e in entries] == [(e.offset, e.key) for e in acked]
+    texts = [read_entry(small_disk / "spool", e).column("v")[0].as_py()[0] for e in entries]  # CRCs checked
+    assert texts[0] == "a" and texts[-1] == "z" and len(texts) == len(acked)
+    reopened.close()
+
+
+def test_a_push_that_finds_the_disk_full_gets_507_and_every_202_survives(small_disk, tmp_path):
+    path = write_config(tmp_path, [{"name": "orders", "push": [{"name": "api", "tokens_sha256": [token_hash("t")]}]}],
+                        state_dir=str(small_disk / "state"))
+    cfg = config.load(path)
+    entity = cfg.entity("orders")
+    endpoint = Endpoint.open(entity, entity.push[0], lambda: None)
+    api = PushApi([endpoint], cfg.http.max_body_bytes)
+    server = HttpServer(cfg.http, api.routes())
+    host, port = server.start().split("://")[1].split(":")
+    accepted, refused = [], []
+    try:
+        filler = _fill(small_disk, leave=64 * 1024)
+        for i in range(200):
+            body = json.dumps([{"id": i, "pad": "x" * 2000} for _ in range(5)]).encode()
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("POST", "/v1/entities/orders/sources/api/records", body=body,
+                         headers={"Authorization": "Bearer t", "Content-Type": "application/json",
+                                  "Idempotency-Key": f"r{i}"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())
+            conn.close()
+            if resp.status == 202:
+                accepted.append(i)
+            else:
+                assert resp.status == 507 and int(resp.getheader("Retry-After")) > 0, (resp.status, answer)
+                assert "nothing was stored" in answer["error"]
+                refused.append(i)
+                if len(refused) == 3:
+                    break
+        assert accepted and len(refused) == 3
+        filler.unlink()
+    finally:
+        server.stop()
+        api.close()
+    reader = SpoolReader(entity.spool("api"))
+    entries = reader.entries(0, reader.refresh())
+    assert [e.key for e in entries] == [f"r{i}" for i in accepted]
+    ids = [row["id"] for e in entries for row in read_entry(entity.spool("api"), e).to_pylist()]
+    assert ids == [i for i in accepted for _ in range(5)]
+
+
+def test_a_lake_on_a_full_disk_holds_the_batch_until_space_comes_back_and_loses_nothing(tmp_path):
+    """The lake's disk fills up under a running daemon: the batch is tried again (batch.retrying), the pushes
+    it holds stay in the spool (another disk), and once there is room every acknowledged record lands once."""
+    import signal
+    import sys
+
+    from deltalake import DeltaTable
+
+    from tests.conftest import wait_for
+    from tests.test_daemon_process import Daemon
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(lake)], check=True)
+    try:
+        path = write_config(tmp_path, [{"name": "orders", "push": [{"name": "api",
+                                                                      "tokens_sha256": [token_hash("t")]}]}],
+                            lake_dir=str(lake), spark={"master": "local[2]", "trigger_interval_s": 0.3})
+        daemon = Daemon(path, tmp_path / "daemon.log")
+        daemon.start()
+        url = json.loads((tmp_path / "state" / "http.json").read_text())["url"]
+        host, port = url.split("://")[1].split(":")
+
+        def push(first: int) -> None:
+            body = json.dumps([{"id": i, "pad": "x" * 100} for i in range(first, first + 100)]).encode()
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("POST", "/v1/entities/orders/sources/api/records", body=body,
+                         headers={"Authorization": "Bearer t", "Content-Type": "application/json"})
+            assert conn.getresponse().status == 202
+            conn.close()
+
+        table = lake / "orders" / "table"
+        push(0)
+        wait_for(lambda: table.exists() and DeltaTable(str(table)).to_pyarrow_table().num_rows == 100, 90, 0.2)
+        filler = _fill(lake, leave=0)
+        for first in range(100, 1000, 100):
+            push(first)  # acknowledged: the spool is on another disk
+        wait_for(lambda: daemon.events("batch.retrying") > 0, 90, 0.2, "a batch waiting for space")
+        assert daemon.proc.poll() is None
+        filler.unlink()
+        wait_for(lambda: DeltaTable(str(table)).to_pyarrow_table().num_rows >= 1000, 120, 0.3, "every record")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(90) == 0
+        ids = sorted(DeltaTable(str(table)).to_pyarrow_table()["id"].to_pylist())
+        assert ids == list(range(1000))  # every acknowledged record, once
+        verify = subprocess.run([sys.executable, "-m", "lakefeed", "verify", "--config", str(path)],
+                                capture_output=True, text=True, timeout=300)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+    finally:
+        subprocess.run(["pkill", "-f", str(path)], check=False)
+        subprocess.run(["umount", "-l", str(lake)], check=True)
