@@ -83,3 +83,27 @@ def test_being_written_sees_writers(tmp_path):
         f.flush()
         assert being_written(str(path)) is True
     assert being_written(str(path)) is False
+
+
+def test_special_files_and_links_are_enqueued_with_why_they_cannot_be_read_and_the_source_goes_on(source):
+    src, landing, inbox = source
+    src.start()
+    os.mkfifo(landing / "pipe.csv")
+    (landing / "link.csv").symlink_to("/etc/passwd")
+    (landing / os.fsdecode(b"bad\xffname.csv")).write_text("a\n1\n")
+    (landing / "fine.csv").write_text("a\n1\n")
+    records = wait_for(lambda: len(_records(inbox)) == 4 and _records(inbox), 30, what="four records")
+    problems = {os.path.basename(r.path): r.problem for r in records}
+    assert problems["pipe.csv"] == "a FIFO, not a regular file"
+    assert problems["link.csv"].startswith("a symbolic link")
+    assert problems["bad\ufffdname.csv"] == "the file name is not valid UTF-8; rename it"
+    assert problems["fine.csv"] == "" and src.failure() is None
+
+
+def test_a_stopped_watch_is_reported_as_the_source_failing(source):
+    src, landing, _ = source
+    src.start()
+    assert src.failure() is None
+    src._observer.stop()  # as if inotify's thread had died
+    src._observer.join(10)
+    assert "watch (inotify) has stopped" in src.failure()
