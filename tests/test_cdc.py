@@ -332,6 +332,7 @@ change = st.tuples(st.integers(0, 3), st.sampled_from("cud"), st.integers(-9, 9)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.lists(change, min_size=1, max_size=4), min_size=1, max_size=3))
 @example(batches=[[(1, "d", 0, "x", "nulls")]])  # a delete's before-image of the key and nulls
+@example(batches=[[(0, "d", 0, "x", "full")]])  # the first create deleted again: nothing ever changed
 def test_debezium_envelopes_match_reference_model(batches):
     """Whatever fields the images of a batch hold, the rows keep their types (the first batch fixes the table's:
     it starts with a create, as a table's history does)."""
@@ -350,7 +351,9 @@ def test_debezium_envelopes_match_reference_model(batches):
             table = DeltaTable(str(cfg.table)).to_pyarrow_table()
             assert {r["id"]: r for r in table.to_pylist()} == model.state
         assert [table.schema.field(c).type for c in ("n", "amount", "name")] == [pa.int64(), pa.float64(), pa.string()]
-        log = DeltaTable(str(cfg.changelog)).to_pyarrow_table().sort_by("offset").to_pylist()
+        # No changelog table when nothing ever changed (a create and a delete of one key in one batch).
+        log = DeltaTable(str(cfg.changelog)).to_pyarrow_table().sort_by("offset").to_pylist() \
+            if cfg.changelog.exists() else []
         assert [(r["op"], {c: r["data_op" if c == "op" else c] for c in rows[0]}) for r in log] == model.changelog
 
 
