@@ -61,6 +61,23 @@ def check_cdc_merge(r: dict[str, Any]) -> None:
         assert size["variants"]["lakefeed"]["changes"] == size["checks"]["expected"]["change_feed_rows"]
 
 
+def check_chaos(r: dict[str, Any]) -> None:
+    completed(r)
+    assert r["passed"] is True and r["problems"] == [], r["problems"]
+    assert r["kills"] == r["kills_requested"] == 3 and r["broker_kills"] == 1
+    assert r["kills_aimed"] == {"after ready": 1, "after the first commit": 1, "during start-up": 1}
+    assert r["verify_ok"] is True and r["daemon_exit_code"] == 0
+    records = r["records"]
+    positive(records, "acknowledged_push", "landed_files", "produced_kafka", "expected", "found")
+    assert records["found"] == records["expected"]
+    assert records["missing"] == records["duplicated"] == records["never_sent_found"] == 0
+    assert records["kafka_acknowledged_but_not_on_topic"] == records["quarantined"] == 0
+    for entity in r["per_entity"].values():
+        for source in ("push", "files", "kafka"):
+            assert entity[source]["missing"] == entity[source]["duplicated"] == 0, (source, entity[source])
+    assert r["topics"]["events"]["short"] == {}
+
+
 def check_ingest_files(r: dict[str, Any]) -> None:
     completed(r)
     positive(r, "ratio", "ratio_vs_floor_with_changelog", "lakefeed_rows_per_s", "floor_rows_per_s",
@@ -143,6 +160,7 @@ def check_s3_notify(r: dict[str, Any]) -> None:
 
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "cdc_merge": check_cdc_merge,
+    "chaos": check_chaos,
     "ingest_files": check_ingest_files,
     "kafka_ingest": check_kafka_ingest,
     "lifecycle": check_lifecycle,
