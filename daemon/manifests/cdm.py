@@ -162,6 +162,7 @@ class ManifestKeeper:
         self._table = table
         self._state_path = cfg.state / "manifest_state.json"
         self._publish = publish  # copies written documents to where readers look (the entity's bucket)
+        self._declared: tuple[int, int] | None = None  # (mtime, size) of the manifest last seen declaring the entity
 
     def state(self) -> tuple[int, set[str]]:
         try:
@@ -178,13 +179,17 @@ class ManifestKeeper:
 
     def restore(self) -> None:
         """Bring back a manifest, or the entity's declaration in it, deleted while lakefeed keeps it: from the
-        copy of the declaration saved at the last refresh, so no partition written before is lost."""
+        copy of the declaration saved at the last refresh, so no partition written before is lost. Called for
+        every batch: a manifest unchanged since it was last seen declaring the entity is not parsed again."""
         with manifest_lock(self.cfg.manifest):
+            if self._declared is not None and _stamp(self.cfg.manifest) == self._declared:
+                return
             try:
                 doc: dict[str, Any] | None = cdm_manifest.load(self.cfg.manifest)
             except FileNotFoundError:
                 doc = None
             if doc is not None and cdm_manifest.find_entity(doc, self.cfg.name) is not None:
+                self._declared = _stamp(self.cfg.manifest)
                 return
             saved = self._saved_entity()
             if saved is None:
@@ -261,6 +266,14 @@ class ManifestKeeper:
         state = {"applied_version": version, "owned": sorted(owned), "entity": entity}
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self._state_path)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def schema_document(root: Path, entity: dict[str, Any]) -> Path | None:
