@@ -22,6 +22,11 @@ class ManifestError(TerminalError):
     stamp: tuple[int, int] | None = None
 
 
+class Abandoned(Exception):  # noqa: N818 (not a fault: what happened to the batch)
+    """A batch given up because the daemon is stopping and the shutdown timeout has passed. Nothing of it was
+    acknowledged to anyone: it is replayed from the checkpoint at the next start."""
+
+
 class ConfigError(LakefeedError):
     """A configuration file is invalid; `problems` holds one `file:line: field: message` per fault."""
 

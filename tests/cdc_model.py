@@ -3,7 +3,7 @@
 It mirrors the documented semantics, not the implementation: a batch is reduced to one
 change per key (highest sequence, then latest arrival; ledger keeps the first; snapshot
 takes the batch's last snapshot file; a create ranked after a delete of its key replaces
-the row, as it would batch by batch), then applied; the changelog lists each batch's
+the row, and an update after it finds the key absent, as batch by batch), then applied; the changelog lists each batch's
 ops in key order, a correction as (-C old, +C new).
 """
 
@@ -62,6 +62,7 @@ class Model:
             return
         by_key: dict = {}
         deleted = set()  # keys with a delete in the batch, as far as the changes are taken in rank order
+        absent = set()  # keys a delete left absent, with nothing created since
         rank = lambda c: (tuple(c[2][s] for s in self.sequence), c[1])  # noqa: E731
         for change in sorted(changes, key=rank):
             k = change[2][self.key]
@@ -70,8 +71,17 @@ class Model:
                 continue
             if change[0] == "delete":
                 deleted.add(k)
-            elif change[0] == "insert" and k in deleted:
-                change = ("upsert", *change[1:])  # the delete left the key absent: the create stands
+                absent.add(k)
+            elif change[0] == "update" and k in deleted:
+                if k in absent and self.update_of_absent != "insert":  # the delete left the key absent
+                    self.quarantined += self.update_of_absent == "quarantine"
+                    continue  # the delete stands
+                change = ("upsert", *change[1:])  # the key is known to be there: created or inserted since
+                absent.discard(k)
+            elif change[0] in ("insert", "upsert"):
+                if k in deleted:
+                    change = ("upsert", *change[1:])  # the delete left the key absent: the create stands
+                absent.discard(k)
             by_key[k] = change
         ops = []
         if self.strategy == "snapshot":

@@ -98,7 +98,7 @@ rows = st.lists(st.fixed_dictionaries({
     "v": st.sampled_from(["a", "b", None]),
     "seq": st.integers(0, 3),
     "IsDelete": st.booleans(),
-    "op": st.sampled_from(["c", "u", "d", "r", "x"]),
+    "op": st.sampled_from(["c", "u", "d", "r", "x", "update"]),
     "et": st.integers(0, 10).map(lambda m: T0 + timedelta(minutes=m)),
 }), max_size=5)
 batches = st.lists(st.lists(rows, min_size=1, max_size=3), min_size=1, max_size=4)
@@ -125,6 +125,14 @@ def _guid_keys(data: list) -> list:
 # Create, delete and create again of a present key in one batch: the last create is the row.
 @example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, "x", 1, "c"), _row(1, None, 2, "d"), _row(1, "b", 3, "c")]]],
          update_of_absent="insert", late_policy="apply", key="Int64", key_from_document=False)
+# An update after a delete of its present key in one batch finds the key absent (each policy).
+@example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "update")]]],
+         update_of_absent="ignore", late_policy="apply", key="Int64", key_from_document=False)
+@example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "update"),
+                                            _row(1, "c", 3, "update")]]],
+         update_of_absent="quarantine", late_policy="apply", key="Guid", key_from_document=False)
+@example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "c"), _row(1, "c", 3, "update")]]],
+         update_of_absent="quarantine", late_policy="apply", key="Int64", key_from_document=False)
 def test_strategy_matches_reference_model(strategy, sequence, data, update_of_absent, late_policy, key,
                                           key_from_document):
     """`key`: the key column's CDM type (GUIDs are strings); `key_from_document`: cdc.primary_key is not given

@@ -324,6 +324,61 @@ def test_watchdog_pings_stop_when_a_query_is_stuck_and_a_second_signal_forces_ex
     notes.close()
 
 
+def test_sigterm_gives_up_a_hostile_file_batch_when_the_shutdown_timeout_is_up_and_loses_nothing(tmp_path, daemons):
+    """Names that take a catastrophic pattern its whole time limit (1 s each) make a batch of minutes: a SIGTERM
+    gives it up between files once `shutdown_timeout_s` is up, the daemon exits 0, the batch is replayed."""
+    evil = entity_yaml(patterns=[{"name": "evil", "root_location": "sales", "regular_expression": r"/(a|aa)+\.csv"}],
+                       source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 1.0,
+                               "max_files_per_trigger": 100})
+    config = write_config(tmp_path, [evil, _push_entity()], shutdown_timeout_s=3)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    daemon.start()
+    landing = tmp_path / "landing" / "sales"
+    land(landing / "aaaa.csv", "id\n1\n2\n3\n")
+    for n in range(12):
+        land(landing / ("a" * 60 + f"!{n:02d}.csv"), "id\n99\n")
+    wait_for(lambda: daemon.events("file.unmatched") >= 2, 60, 0.1, "the hostile batch to be under way")
+    client = Client(tmp_path / "state")
+    assert client.push([{"id": 7}])[0] == 202
+    stopping = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(3 + 20) == 0  # shutdown_timeout_s, and the time to stop the queries and Spark
+    log = daemon.log.read_text()
+    assert daemon.events("batch.abandoned") == 1 and daemon.events("daemon.stop_forced") == 0, log[-3000:]
+    assert daemon.events("file.unmatched") < 12  # given up part-way
+    assert time.monotonic() - stopping < 3 + 20
+
+    daemon.start()  # the batch is replayed whole; the acknowledged push is there once
+    wait_for(lambda: sorted(_ids(tmp_path / "lake" / "sales" / "table")) == [1, 2, 3], 120, 0.5, "the replayed batch")
+    wait_for(lambda: _ids(tmp_path / "lake" / "events" / "table") == [7], 60, 0.5, "the acknowledged push")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(60) == 0
+
+
+def test_a_stop_that_cannot_end_its_batch_exits_by_itself_after_the_grace(tmp_path, daemons):
+    """A batch stuck where it cannot be given up (here a hang failpoint): no second signal comes, and the daemon
+    exits by itself STOP_GRACE_S after the shutdown timeout, before systemd's TimeoutStopSec would SIGKILL it."""
+    from lakefeed.ops.supervisor import STOP_GRACE_S
+
+    config = write_config(tmp_path, [entity_yaml()], shutdown_timeout_s=2)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    daemon.start(env={"LAKEFEED_FAILPOINT": "hang:batch.discovered"})
+    land(tmp_path / "landing" / "sales" / "a.csv", "id\n1\n")
+    wait_for(lambda: daemon.events("file.discovered") == 1, 60, 0.1, "the batch to start")
+    stopping = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(2 + STOP_GRACE_S + 30) == 128 + signal.SIGTERM
+    assert 2 + STOP_GRACE_S - 1 < time.monotonic() - stopping < 2 + STOP_GRACE_S + 30
+    assert daemon.events("daemon.stop_forced") == 1
+    assert daemon.proc.poll() is not None
+    daemon.start()  # the stuck batch is replayed (no failpoint now)
+    wait_for(lambda: _ids(tmp_path / "lake" / "sales" / "table") == [1], 60, 0.5, "the replayed batch")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(60) == 0
+
+
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

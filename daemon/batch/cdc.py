@@ -4,7 +4,7 @@ Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__
 (inbox offset and row number: arrival order). A batch is reduced to one change per key:
 the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
 keeps the first row of a key instead, snapshot keeps the batch's last snapshot file); a
-create that wins over a delete of its key replaces the row (an upsert). The
+change ranked after a delete of its key applies to an absent key, as batch by batch. The
 table sink applies the reduced batch in one MERGE; what the merge changed (the table's
 change data feed) becomes the changelog: insert → 0 append (+A), delete → 1 retract (-R,
 with the old row), update → 2 correct-from (-C, old values) immediately followed by
@@ -109,48 +109,65 @@ def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
     return out
 
 
-def reduce(data: pa.Table, cfg: CdcConfig, snapshot_file: str | None = None) -> pa.Table:
-    """One row per key: the winning change of the batch.
+def reduce(data: pa.Table, cfg: CdcConfig,
+           snapshot_file: str | None = None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """One row per key: the winning change of the batch, and the updates quarantined on the way.
 
     With a snapshot strategy, `snapshot_file` is the batch's last snapshot file: it is the
     whole state (even when empty), and earlier snapshots in the batch are superseded.
     """
     if cfg.strategy == "snapshot":
         data = data.filter(pc.equal(data.column("source_file"), snapshot_file or ""))
-    first_wins = cfg.strategy == "ledger"
     sort = [(k, "ascending") for k in cfg.primary_key]
     sort += [(c, "ascending") for c in cfg.sequence_by] + [(ORDER, "ascending")]
     data = data.sort_by(sort)
     n = data.num_rows
     if n == 0:
-        return data
+        return data, []
     new_key = np.zeros(n, dtype=bool)
     for k in cfg.primary_key:
         col = data.column(k).combine_chunks()
         new_key[1:] |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     new_key[0] = True
-    if first_wins:
-        return data.filter(pa.array(new_key))
-    last = np.append(new_key[1:], True)
-    return _recreate(data.filter(pa.array(last)), _deleted_before(data, new_key, last))
+    if cfg.strategy == "ledger":  # the first row of a key wins
+        return data.filter(pa.array(new_key)), []
+    return _after_deletes(data, new_key, cfg.update_of_absent)
 
 
-def _deleted_before(data: pa.Table, new_key: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """For each key's last change (rows sorted by key, then rank): whether a delete of that key ranks before it."""
-    deletes = pc.equal(data.column(KIND), "delete").to_numpy(zero_copy_only=False).astype(np.int64)
-    before = np.cumsum(deletes) - deletes  # deletes ranked before each row, all keys counted
-    return before[last] > before[new_key]
+def _after_deletes(data: pa.Table, new_key: np.ndarray, update_of_absent: str) -> tuple[pa.Table, list]:
+    """Each key's last change (rows sorted by key, then rank), as it stands after a delete of its key ranked
+    before it in the batch: the delete leaves the key absent, whatever the table holds, as batch by batch.
 
-
-def _recreate(winners: pa.Table, deleted_before: np.ndarray) -> pa.Table:
-    """A create after a delete of its key in the batch replaces whatever row the table holds: the delete
-    leaves the key absent, so batch by batch the create would be applied. An insert leaves a present key
-    as it is, so it becomes an upsert (applied if newer and changed, as an insert when the key is absent)."""
-    kinds = winners.column(KIND)
-    recreated = pc.and_(pc.equal(kinds, "insert"), pa.array(deleted_before))
-    if not pc.any(recreated).as_py():
-        return winners
-    return winners.set_column(winners.schema.get_field_index(KIND), KIND, pc.if_else(recreated, "upsert", kinds))
+    - A create (insert) after the delete replaces the row the table holds: it becomes an upsert (an insert
+      leaves a present key as it is).
+    - An update after the delete, with no create between, is an update of an absent key: with
+      `update_of_absent: insert` it becomes an upsert; otherwise the delete stands as the key's change, and
+      with `quarantine` the updates after it go to quarantine. With a create between, it is an upsert.
+    """
+    rows = np.arange(data.num_rows)
+    kinds = data.column(KIND).to_numpy(zero_copy_only=False)
+    start = np.maximum.accumulate(np.where(new_key, rows, 0))
+    last_delete = np.maximum.accumulate(np.where(kinds == "delete", rows, -1))
+    last_delete = np.where(last_delete >= start, last_delete, -1)  # only a delete of the row's own key
+    creates = np.cumsum(np.isin(kinds, ("insert", "upsert")))
+    # An update with a delete of its key before it and no create between: the key is absent.
+    absent = (kinds == "update") & (last_delete >= 0) & (creates == creates[np.maximum(last_delete, 0)])
+    winners = rows[np.append(new_key[1:], True)]
+    prior = last_delete[winners]  # the key's last delete at or before its winner, or -1
+    won = kinds[winners]
+    # After a delete, a create or an update the key takes (absent and inserted, or created since) is the row.
+    takes = (won == "update") & (~absent[winners] | (update_of_absent == "insert"))
+    upsert = (prior >= 0) & ((won == "insert") | takes)
+    bad: list = []
+    if update_of_absent != "insert":
+        if update_of_absent == "quarantine" and absent.any():
+            bad = _bad(data, dict.fromkeys(rows[absent].tolist(), "update of a key deleted before it"))
+        winners = np.where(absent[winners], prior, winners)
+    out = data.take(pa.array(winners))
+    if not upsert.any():
+        return out, bad
+    kind = pc.if_else(pa.array(upsert), "upsert", out.column(KIND))
+    return out.set_column(out.schema.get_field_index(KIND), KIND, kind), bad
 
 
 def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:

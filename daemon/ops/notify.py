@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 
 def notify(**fields: str) -> bool:
@@ -18,3 +19,18 @@ def notify(**fields: str) -> bool:
         sock.connect(address)
         sock.sendall(message)
     return True
+
+
+def feed_watchdog(done: threading.Event, interval: float) -> None:
+    """Ping the watchdog every `interval` seconds until `done` (while a reload blocks the main loop)."""
+    while not done.wait(interval):
+        notify(WATCHDOG="1")
+
+
+def watchdog_interval() -> float:
+    """Half of systemd's WatchdogSec (WATCHDOG_USEC), when the watchdog is meant for this process."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return 0.0
+    return int(usec) / 2e6

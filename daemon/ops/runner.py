@@ -9,6 +9,7 @@ process (daemon/intake/process.py), or during a backfill, which has no intake, t
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -29,7 +30,7 @@ from lakefeed.connectors.sources.local_dir import LocalDirSource
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.connectors.streams.inbox_stream import FORMAT as INBOX
 from lakefeed.connectors.streams.spool_stream import FORMAT as SPOOL
-from lakefeed.errors import LakefeedError
+from lakefeed.errors import Abandoned, LakefeedError
 from lakefeed.inbox import storage
 from lakefeed.inbox.files import Inbox, InboxRecord
 from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
@@ -40,7 +41,7 @@ from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import store_fault
 
 _log = log.get(__name__)
-_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+_STARTED = ("Waiting for data to arrive", "Waiting for next trigger", "Processing new data")
 
 
 def manifest_stamp(path: Path) -> tuple[int, int] | None:
@@ -85,6 +86,7 @@ class EntityRunner:
         self._spark = session
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
         self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        self.pipeline.halted = lambda: time.monotonic() >= self._halting.get(FILES, math.inf)
         if intake is not None:
             self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)
         self.inbox: Inbox | None = None
@@ -105,7 +107,7 @@ class EntityRunner:
         self.queries: dict[str, StreamingQuery] = {}
         self._shutdown = threading.Event()
         self.failed_on: tuple[int, int] | None = None  # the manifest's (mtime, size) when an error stopped it
-        self._halting: set[str] = set()  # streams being stopped: their batches stop retrying
+        self._halting: dict[str, float] = {}  # streams being stopped -> when their running batch is given up
         self.consumed: dict[str, int] = {}
         self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
         self.progress_at = time.monotonic()  # the last time a stream moved or was seen idle
@@ -131,17 +133,18 @@ class EntityRunner:
             if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
                 self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
             self.queries[stream] = self._start_query(stream)
-        # Started means each query has run its first trigger (a new query's first batch is always an
-        # empty one), so the first file landing is not kept waiting behind start-up work.
+        # Started means each query is past its start-up work (sources initialized, first trigger planned), so
+        # the first file landing is not kept waiting behind it: it is waiting for data, or it is processing a
+        # backlog left by the last life (then it may never be seen waiting, and pushes must not wait for it).
         deadline = time.monotonic() + 120
         for stream in streams:
             query = self.queries[stream]
-            while query.isActive and query.status["message"] not in _WAITING and time.monotonic() < deadline:
+            while query.isActive and query.status["message"] not in _STARTED and time.monotonic() < deadline:
                 time.sleep(0.05)
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
         """Stop these streams' queries after their running batch."""
-        self._halting.update(streams)
+        self._halting.update(dict.fromkeys(streams, deadline))
         for stream in streams:
             query = self.queries.pop(stream, None)
             if query is not None:
@@ -155,7 +158,7 @@ class EntityRunner:
                 writer.close()
             self.consumed.pop(stream, None)
             self.pipeline.forget(stream)
-            self._halting.discard(stream)
+            self._halting.pop(stream, None)
 
     def reconfigure(self, cfg: EntityConfig, streams: list[str], deadline: float) -> None:
         """Take a config that differs only in these record sources (push, Kafka): restart just them."""
@@ -222,6 +225,10 @@ class EntityRunner:
         started = time.monotonic()
         try:
             result = self._until_stored(stream, batch_id, work)
+        except Abandoned:
+            _log.warning("batch.abandoned", entity=self.cfg.name, stream=stream, batch_id=batch_id,
+                         reason="stopping: the shutdown timeout has passed; replayed at the next start")
+            raise
         except LakefeedError as exc:
             self.stopped_by(exc)
             self.metrics.error(self.cfg.name, type(exc).__name__)

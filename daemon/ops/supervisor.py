@@ -6,7 +6,9 @@ a unix socket the intake passes those requests to.
 
 Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and
 SIGINT stop: intake first (pushes get 503, sources stop), then each running micro-batch
-finishes and commits, then the queries stop; a second signal exits at once. SIGHUP, or the
+finishes and commits, then the queries stop; a second signal exits at once. A file batch still
+running when `shutdown_timeout_s` is up is given up between files; if the stop is still not done
+STOP_GRACE_S later (a batch stuck where it cannot be given up), the daemon exits (as on a second signal). SIGHUP, or the
 config file changing on disk, reloads: the new config is validated whole, and only entities
 whose config changed are restarted (their checkpoints and spools intact); the others keep
 running untouched. Whatever a stop interrupts is replayed exactly once at the next start.
@@ -23,6 +25,7 @@ import gc
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -43,12 +46,13 @@ from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
 from lakefeed.ops import spark, status_api
 from lakefeed.ops.metrics import Metrics
-from lakefeed.ops.notify import notify
+from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
 from lakefeed.ops.runner import EntityRunner, manifest_stamp
 
 _log = log.get(__name__)
 _AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
+STOP_GRACE_S = 20.0  # after shutdown_timeout_s, to stop the queries and Spark (TimeoutStopSec in the unit is above)
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
 
@@ -125,6 +129,7 @@ class Supervisor:
                 if self.intake is not None:
                     self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
                 _log.info("daemon.stopping")  # after the intake has answered: no push is acknowledged from here on
+                self._backstop()
                 notify(STOPPING="1", STATUS="stopping: finishing running batches")
                 if watcher is not None:
                     watcher.stop()
@@ -135,6 +140,22 @@ class Supervisor:
                     runner.stop(deadline)
         finally:
             session.stop()
+
+    def _backstop(self) -> None:
+        """Exit when the stop is not done in time: under systemd, TimeoutStopSec would SIGKILL the daemon (and
+        say less). Whatever a stop interrupts is replayed at the next start, as after a SIGKILL."""
+        after_s = self.cfg.shutdown_timeout_s + STOP_GRACE_S
+
+        def force() -> None:
+            running = sorted(n for n, r in self.runners.items() if r.queries)
+            _log.error("daemon.stop_forced", after_s=after_s, entities=running,
+                       reason="the running batches did not end in time; they are replayed at the next start")
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)
+
+        timer = threading.Timer(after_s, force)
+        timer.daemon = True
+        timer.start()
 
     def _serve(self, watcher: ConfigWatcher | None) -> None:
         running = [n for n, r in self.runners.items() if r.error is None]
@@ -149,7 +170,7 @@ class Supervisor:
         notify(READY="1", STATUS=self.status_line())
         if watcher is not None:
             watcher.start()
-        watchdog_s = _watchdog_interval()
+        watchdog_s = watchdog_interval()
         last_ping = last_status = 0.0
         status = ""
         while not self._stop.wait(0.25):
@@ -282,9 +303,9 @@ class Supervisor:
         # A reload waits for running batches (up to shutdown_timeout_s): it is progress, not a hang,
         # so the watchdog keeps being fed meanwhile.
         done = threading.Event()
-        interval = _watchdog_interval()
+        interval = watchdog_interval()
         if interval:
-            threading.Thread(target=_feed_watchdog, args=(done, interval), daemon=True).start()
+            threading.Thread(target=feed_watchdog, args=(done, interval), daemon=True).start()
         try:
             self._apply(new)
         finally:
@@ -368,16 +389,3 @@ def _lower_priority(nice: int, autogroup: bool) -> None:
         except OSError as exc:  # e.g. a read-only /proc: sessions then share the CPU as equals
             _log.warning("priority.autogroup_unchanged", nice=nice, error=str(exc))
 
-
-def _feed_watchdog(done: threading.Event, interval: float) -> None:
-    while not done.wait(interval):
-        notify(WATCHDOG="1")
-
-
-def _watchdog_interval() -> float:
-    """Half of systemd's WatchdogSec (WATCHDOG_USEC), when the watchdog is meant for this process."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    pid = os.environ.get("WATCHDOG_PID")
-    if not usec or (pid and pid != str(os.getpid())):
-        return 0.0
-    return int(usec) / 2e6

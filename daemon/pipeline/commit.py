@@ -130,7 +130,8 @@ class Committer:
         result.watermark = new_watermark
         reduced = None
         if self.cfg.cdc.keyed:
-            reduced = self._reduce(data, snapshot_file, checked_at)
+            reduced, dropped = self._reduce(data, snapshot_file, checked_at)
+            bad = [*bad, *dropped]
             if reduced is not None:
                 reduced = self._drop_stale(reduced, result)
             if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
@@ -186,7 +187,8 @@ class Committer:
         for future in futures:
             future.result()
 
-    def _reduce(self, data: pa.Table | None, snapshot_file: str | None, checked_at: datetime) -> pa.Table | None:
+    def _reduce(self, data: pa.Table | None, snapshot_file: str | None,
+                checked_at: datetime) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
         schema = self.sinks.table.schema()
         if data is None and snapshot_file is not None and schema is not None:
             # An empty snapshot still says what the state is: nothing.
@@ -195,7 +197,7 @@ class Committer:
                                  ("source_file", pa.array([], pa.string())),
                                  (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
                 data = data.append_column(name, column)
-        return cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else None
+        return cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else (None, [])
 
     def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
         """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""

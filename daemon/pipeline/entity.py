@@ -29,6 +29,7 @@ from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
 from lakefeed.config.sources import LocalDirSource
 from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.errors import Abandoned
 from lakefeed.inbox import storage
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
@@ -56,6 +57,8 @@ class EntityPipeline:
         self._lock = threading.Lock()
         # Told the schema pushes are checked against after each commit (the intake process, daemon/intake/client.py).
         self.on_schema: Callable[[pa.Schema | str | None], None] = lambda _: None
+        # True once a stop's time is up (the runner's shutdown deadline): the file batch is given up between files.
+        self.halted: Callable[[], bool] = lambda: False
         # pyarrow releases the GIL while parsing: files are read side by side.
         self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
@@ -202,6 +205,7 @@ class EntityPipeline:
         target = self.sinks.table.schema() or self._declared_schema(entity)
         matched, removed = [], {}
         for rec in records:
+            self._go_on()
             partition = self._discover(discovery, siblings, rec, log_)
             if partition is None:
                 result.unmatched += 1
@@ -271,6 +275,10 @@ class EntityPipeline:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
 
+    def _go_on(self) -> None:
+        if self.halted():
+            raise Abandoned("the daemon is stopping, and the time it gives a running batch is up")
+
     def _discover(self, discovery: Discovery, siblings: _Siblings, rec: InboxRecord, log_) -> Partition | None:
         relative = self._relative(rec.path)
         partition = discovery.match(relative)
@@ -292,6 +300,7 @@ class EntityPipeline:
               log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
         """(location, rows with partition columns, provenance, change kind and event time, bad rows),
         or None when the file is not there to read (or has a newer version, with its own inbox record)."""
+        self._go_on()
         if rec.problem:  # the source saw it cannot be taken (a link, a FIFO, a name that is not UTF-8…)
             return partition.location, None, [BadRow(None, rec.problem, "")]
         local = not storage.is_s3(rec.path)
