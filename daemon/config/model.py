@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo,
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
 from lakefeed.config.limits import Limits
+from lakefeed.config.manifests import Msc, clashes
 from lakefeed.config.sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
 from lakefeed.errors import ConfigError
 
@@ -173,6 +174,7 @@ class EntityConfig(Frozen):
     event_time: EventTimeConfig = EventTimeConfig()
     cdc: CdcConfig = CdcConfig()
     limits: Limits = Limits()
+    msc: Msc = Field(default=Msc(), description="MSC manifests of the landing folder and of the tables.")
     table: Location
     changelog: Location
     quarantine: Location
@@ -342,6 +344,7 @@ class LakefeedConfig(Frozen):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"entity names must be unique: {', '.join(duplicates)}")
+        clashes(self.entities)
         return self
 
     def entity(self, name: str) -> EntityConfig:

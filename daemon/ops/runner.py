@@ -94,11 +94,14 @@ class EntityRunner:
         if isinstance(cfg.source, S3Source):
             self.inbox = Inbox(cfg.state / "inbox")
             outputs = tuple(str(loc) for loc in (cfg.table, cfg.changelog, cfg.quarantine, cfg.history,
-                                                 cfg.tombstones) if storage.is_s3(loc))
+                                                 cfg.tombstones, self.pipeline.folders.excluded() or "")
+                            if storage.is_s3(loc))
             self.source = S3Landing(cfg.name, cfg.source, self.inbox, self.pipeline.storage, cfg.state,
                                     excluded=outputs, on_found=metrics.missed.labels(cfg.name).inc)
         elif cfg.source is not None:
             self.inbox = Inbox(cfg.state / "inbox")
+            own = self.pipeline.folders.excluded()  # the landing folder's MSC manifest
+            excluded = (*excluded, Path(own)) if own else excluded
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
                                          excluded=excluded, follow_symlinks=cfg.source.follow_symlinks)
         self.spools: dict[str, SpoolEnd] = {}  # a push stream's frames written so far (for its backlog)

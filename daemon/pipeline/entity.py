@@ -35,6 +35,7 @@ from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.manifests.folders import FolderManifests
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.pipeline.faults import commit_or_park
 
@@ -52,6 +53,7 @@ class EntityPipeline:
         # An S3 entity's manifests are worked on locally and published to its bucket folder.
         self.mirror = Mirror(self.storage, self.root, cfg.manifest_url.rsplit("/", 1)[0]) if cfg.manifest_url else None
         self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
+        self.folders = FolderManifests(cfg, self.storage)
         self._offsets = ChangelogOffsets(sinks.changelog)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
@@ -70,7 +72,7 @@ class EntityPipeline:
         document = schema_document(self.root, entity)
         if self.mirror is not None and document is not None:
             self.mirror.pull(document)
-        self.keeper.refresh()
+        self._manifests()
         if self.mirror is not None:  # whatever a crash kept from the bucket
             self.mirror.publish([p for p in (document, self.cfg.manifest) if p is not None])
 
@@ -143,7 +145,7 @@ class EntityPipeline:
         result.files += len(entries)
         snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
-        self.keeper.refresh()
+        self._manifests()
         return result
 
     def process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
@@ -182,7 +184,7 @@ class EntityPipeline:
             data, bad_times = event_time.stamp(data, self.cfg.event_time, "", 0, checked_at)
             bad.extend((f"kafka/{stream}", b) for b in bad_times)
         commit_or_park(committer, data, bad, result, checked_at, log_)
-        self.keeper.refresh()
+        self._manifests()
         return result
 
     def _process_files(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
@@ -194,7 +196,7 @@ class EntityPipeline:
         if committer.all_done(batch_id):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
-            self.keeper.refresh()
+            self._manifests(records[-1].offset + 1)
             return result
         checked_at = clock.now()
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
@@ -247,7 +249,7 @@ class EntityPipeline:
                 data = data.filter(pc.not_equal(data.column("source_file"), retracted))
         failpoints.reached("batch.discovered")
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot_file)
-        self.keeper.refresh()
+        self._manifests(records[-1].offset + 1)
         return result
 
     def _snapshot_file(self, records: list[InboxRecord], removed: dict[int, Partition],
@@ -274,6 +276,12 @@ class EntityPipeline:
         if self.mirror is not None:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
+
+    def _manifests(self, inbox_end: int | None = None) -> None:
+        """After a batch (committed, or replayed and found committed): each manifest brought to committed state;
+        `inbox_end`: the end of a file batch's inbox records."""
+        self.keeper.refresh()
+        self.folders.refresh(inbox_end)
 
     def _go_on(self) -> None:
         if self.halted():

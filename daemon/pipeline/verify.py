@@ -1,4 +1,5 @@
-"""`lakefeed verify`: the changelog, replayed from offset 0, must reproduce the current table.
+"""`lakefeed verify`: the changelog, replayed from offset 0, must reproduce the current table; the MSC manifests
+of the tables must list exactly the files of their current versions.
 
 Checks that offsets are dense and never reused, that every retraction and correct-from
 carries exactly the values the key had, that a correct-to immediately follows its
@@ -17,6 +18,8 @@ from lakefeed.batch.cdc import OP_APPEND, OP_CORRECT_FROM, OP_CORRECT_TO, OP_RET
 from lakefeed.batch.changelog import SYSTEM_COLUMNS
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.inbox.storage import Storage
+from lakefeed.manifests.folders import FolderManifests
 from lakefeed.pipeline.commit import delta_sink
 
 
@@ -25,7 +28,12 @@ def _rows(sink: DeltaRsSink) -> pa.Table | None:
 
 
 def verify(cfg: EntityConfig, limit: int = 20) -> list[str]:
-    """Problems found (at most `limit`), empty when the changelog reproduces the table."""
+    """Problems found (at most `limit`), empty when the changelog reproduces the table and the MSC manifests
+    list the tables' files."""
+    return (_replay(cfg, limit) + FolderManifests(cfg, Storage(cfg.storage)).check())[:limit]
+
+
+def _replay(cfg: EntityConfig, limit: int) -> list[str]:
     table, changelog = _rows(delta_sink(cfg, cfg.table)), _rows(delta_sink(cfg, cfg.changelog))
     if changelog is None:
         return [] if table is None or table.num_rows == 0 else [f"table has {table.num_rows} rows but no changelog"]

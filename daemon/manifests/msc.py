@@ -1,0 +1,199 @@
+"""multi-storage-client (MSC) manifests of a folder, kept current in O(changes) (seed 004, docs/manifests.md).
+
+Layout under `<folder>/<path>` (path `.msc_manifests` by default), as MSC's ManifestMetadataProvider reads it:
+
+    <version>/msc_manifest_index.json   {"version": "1", "format": "jsonl",
+                                         "parts": [{"path": "../.parts/msc_manifest_part000007.jsonl"}, …]}
+    <version>/lakefeed.json             what lakefeed applied up to (MSC reads only the index)
+    .parts/msc_manifest_partNNNNNN.jsonl {"key": …, "size_bytes": …, "last_modified": "…Z"} per line
+
+MSC takes the lexicographically last version folder, so version names are UTC times to the microsecond with one
+suffix (`2026-11-23T17:19:57.123456Z`), each later than the last. A version is visible only when complete: on
+a local disk it is written under a dot-name (which MSC's glob skips) and renamed; on S3 its index is the last
+object written. Parts are immutable and shared by the versions that list them, so a version costs the changed
+objects: one new part for what was added, and a rewrite of each part that listed a removed or changed object.
+Every `compact_every` versions the listing is written again in full parts. Only `retain_versions` versions are
+kept, and parts that no kept version lists are removed (a crash between parts and index leaves such orphans).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pyarrow.fs as pafs
+
+from lakefeed import failpoints, log
+from lakefeed.config.manifests import MscManifest
+
+INDEX = "msc_manifest_index.json"
+SIDECAR = "lakefeed.json"
+PARTS = ".parts"  # a dot-name: never taken for a version
+_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+_log = log.get(__name__)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Obj:
+    """An object as a manifest lists it: its size, and its modification time to the microsecond."""
+
+    size: int
+    modified_us: int
+
+    @classmethod
+    def of(cls, size: int, modified_ns: int) -> Obj:
+        return cls(int(size), int(modified_ns) // 1000)
+
+    def line(self, key: str) -> str:
+        when = (_EPOCH + timedelta(microseconds=self.modified_us)).strftime(_TIME)
+        return json.dumps({"key": key, "size_bytes": self.size, "last_modified": when})
+
+
+def parse_line(line: str) -> tuple[str, Obj]:
+    row = json.loads(line)
+    when = datetime.strptime(row["last_modified"], _TIME).replace(tzinfo=UTC)
+    return row["key"], Obj(int(row["size_bytes"]), (when - _EPOCH) // timedelta(microseconds=1))
+
+
+class MscWriter:
+    """The MSC manifest of one folder (`root`, a path on `fs`), written by one process at a time."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, cfg: MscManifest) -> None:
+        self.fs, self.cfg = fs, cfg
+        self.base = posixpath.join(root.rstrip("/"), cfg.path)
+        self._local = isinstance(fs, pafs.LocalFileSystem)
+        self._parts: dict[str, dict[str, Obj]] | None = None  # part name -> its objects (the latest version)
+        self._where: dict[str, str] = {}  # key -> the part listing it
+        self._version = ""
+        self._state = {"applied": -1, "since_compaction": 0, "next_part": 1}
+
+    @property
+    def applied(self) -> int:
+        """How far the folder's changes are in the manifest (an inbox offset, a Delta version); -1: nothing yet."""
+        self._load()
+        return int(self._state["applied"])
+
+    def listing(self) -> dict[str, Obj]:
+        """Every object the latest version lists, read again from storage."""
+        self._parts = None
+        self._load()
+        return {key: obj for objects in (self._parts or {}).values() for key, obj in objects.items()}
+
+    def update(self, put: dict[str, Obj], removed: Iterable[str], applied: int) -> str | None:
+        """Apply changes up to `applied`; returns the new version's name, or None when nothing changed."""
+        self._load()
+        assert self._parts is not None
+        if applied <= self.applied:
+            return None
+        changed = {k: o for k, o in put.items() if self._current(k) != o}
+        gone = {k for k in removed if k in self._where and k not in put}
+        self._state["applied"] = applied
+        if not changed and not gone:
+            return None
+        parts = dict(self._parts)
+        rewrite = {self._where[k] for k in (*gone, *changed) if k in self._where}
+        for name in rewrite:
+            del parts[name]
+        kept = {k: o for name in rewrite for k, o in self._parts[name].items() if k not in gone and k not in changed}
+        since = int(self._state["since_compaction"]) + 1
+        if since >= self.cfg.compact_every:
+            kept = {k: o for objects in parts.values() for k, o in objects.items()} | kept
+            parts, since = {}, 0
+        fresh = sorted({**kept, **changed}.items())
+        for i in range(0, len(fresh), self.cfg.part_lines):
+            name = f"msc_manifest_part{self._state['next_part']:06d}.jsonl"
+            self._state["next_part"] = int(self._state["next_part"]) + 1
+            chunk = dict(fresh[i:i + self.cfg.part_lines])
+            self._write(posixpath.join(self.base, PARTS, name), "\n".join(o.line(k) for k, o in chunk.items()))
+            parts[name] = chunk
+        failpoints.reached("msc.parts_written")
+        self._state["since_compaction"] = since
+        version = self._publish(sorted(parts))
+        self._parts, self._version = parts, version
+        self._where = {k: name for name, objects in parts.items() for k in objects}
+        self._prune()
+        return version
+
+    def _current(self, key: str) -> Obj | None:
+        part = self._where.get(key)
+        return self._parts[part][key] if part is not None and self._parts is not None else None
+
+    def _publish(self, parts: list[str]) -> str:
+        """Write the version's sidecar and index; visible at once and whole (see the module's docstring)."""
+        now = datetime.now(UTC)
+        if self._version:
+            now = max(now, datetime.strptime(self._version, _TIME).replace(tzinfo=UTC) + timedelta(microseconds=1))
+        version = now.strftime(_TIME)
+        index = {"version": "1", "parts": [{"path": f"../{PARTS}/{p}"} for p in parts], "format": "jsonl"}
+        folder = posixpath.join(self.base, f".{version}.tmp" if self._local else version)
+        self._write(posixpath.join(folder, SIDECAR), json.dumps(self._state))
+        self._write(posixpath.join(folder, INDEX), json.dumps(index))
+        if self._local:
+            self.fs.move(folder, posixpath.join(self.base, version))
+        return version
+
+    def _write(self, path: str, text: str) -> None:
+        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        with self.fs.open_output_stream(path) as out:
+            out.write(text.encode())
+
+    def _versions(self) -> list[str]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        folders = (i.base_name for i in infos if i.type == pafs.FileType.Directory)
+        return sorted(name for name in folders if not name.startswith("."))
+
+    def _read(self, path: str) -> str:
+        with self.fs.open_input_stream(path) as stream:
+            return stream.read().decode()
+
+    def _load(self) -> None:
+        if self._parts is not None:
+            return
+        self._parts, self._where = {}, {}
+        for version in reversed(self._versions()):
+            folder = posixpath.join(self.base, version)
+            try:
+                index = json.loads(self._read(posixpath.join(folder, INDEX)))
+                state = json.loads(self._read(posixpath.join(folder, SIDECAR)))
+                parts = {posixpath.basename(p["path"]): dict(parse_line(line) for line in self._read(
+                    posixpath.normpath(posixpath.join(folder, p["path"]))).splitlines() if line)
+                    for p in index["parts"]}
+            except (FileNotFoundError, ValueError, KeyError) as exc:  # not one of lakefeed's, or incomplete
+                _log.warning("msc.version_skipped", manifest=self.base, version=version, error=str(exc))
+                continue
+            self._parts, self._version, self._state = parts, version, state
+            self._where = {k: name for name, objects in parts.items() for k in objects}
+            return
+
+    def _prune(self) -> None:
+        """Keep `retain_versions` versions, the parts they list, and nothing else (unfinished writes included)."""
+        versions = self._versions()
+        old, kept = versions[:-self.cfg.retain_versions], versions[-self.cfg.retain_versions:]
+        for version in old:
+            self.fs.delete_dir(posixpath.join(self.base, version))
+        listed: set[str] = set()
+        for version in kept:
+            try:
+                index = json.loads(self._read(posixpath.join(self.base, version, INDEX)))
+            except (FileNotFoundError, ValueError):
+                if version != self._version:
+                    self.fs.delete_dir(posixpath.join(self.base, version))  # on S3: a write a crash cut short
+                continue
+            listed.update(posixpath.basename(p["path"]) for p in index.get("parts", ()))
+        infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+        for info in infos:
+            if info.type == pafs.FileType.Directory and info.base_name.endswith(".tmp"):
+                self.fs.delete_dir(info.path)  # a version a crash left unfinished
+        parts = self.fs.get_file_info(pafs.FileSelector(posixpath.join(self.base, PARTS), allow_not_found=True))
+        for info in parts:
+            if info.base_name not in listed:
+                self.fs.delete_file(info.path)
