@@ -80,7 +80,7 @@ def test_an_update_writes_only_the_changes(tmp_path):
     assert len((parts / fresh).read_text().splitlines()) == 100
     version = _versions(tmp_path / ".msc_manifests")[-1]
     index = json.loads((tmp_path / ".msc_manifests" / version / INDEX).read_text())
-    assert len(index["parts"]) == 10 and all(p["path"].startswith(f"../{PARTS}/") for p in index["parts"])
+    assert len(index["parts"]) == 10 and all(p["path"].startswith(f"/.msc_manifests/{PARTS}/") for p in index["parts"])
     listing = msc_listing(tmp_path)
     assert len(listing) == 1000 and "f0005" not in listing and "new" in listing
 
@@ -117,13 +117,11 @@ def _on_disk(folder: Path, keys: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _table_files(table: Path) -> dict[str, tuple[int, int]]:
-    import pyarrow as pa
     from deltalake import DeltaTable
 
-    from lakefeed.manifests.folders import unquote
+    from lakefeed.manifests.delta_log import table_files
 
-    paths = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).column("path").to_pylist()
-    return _on_disk(table, [unquote(p) for p in paths])
+    return _on_disk(table, table_files(DeltaTable(str(table))))
 
 
 def _landed(landing: Path) -> dict[str, tuple[int, int]]:
@@ -172,3 +170,38 @@ def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
+
+
+def test_on_s3_a_version_is_visible_only_once_its_index_is_written(tmp_path):
+    """On S3 nothing is renamed: a version's index is the last object written. MSC reads the bucket through boto3."""
+    from tests.s3_server import REGION, running
+
+    with running() as server:
+        server.client("s3").create_bucket(Bucket="lake")
+        fs = pafs.S3FileSystem(endpoint_override=server.endpoint.removeprefix("http://"), scheme="http",
+                               access_key="testing", secret_key="testing", region=REGION)
+        cfg = MscManifest(enabled=True, part_lines=2, retain_versions=2)
+
+        def listed() -> dict[str, int]:  # the config reads the manifest when it is made
+            config = StorageClientConfig.from_dict({"profiles": {"s3": {
+                "storage_provider": {"type": "s3", "options": {"base_path": "lake/landing", "region_name": REGION,
+                                                                 "endpoint_url": server.endpoint}},
+                "metadata_provider": {"type": "manifest", "options": {"manifest_path": ".msc_manifests"}},
+            }}}, profile="s3")
+            return {o.key: o.content_length for o in StorageClient(config).list("")}
+
+        writer = MscWriter(fs, "lake/landing", cfg)
+        writer.update({"a.csv": Obj(1, 0), "b.csv": Obj(2, 0), "c.csv": Obj(3, 0)}, (), 0)
+        writer.update({"d.csv": Obj(4, 0)}, {"a.csv"}, 1)
+        assert listed() == {"b.csv": 2, "c.csv": 3, "d.csv": 4}
+        s3 = server.client("s3")
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lake", Prefix="landing/.msc_manifests/")["Contents"]]
+        versions = sorted({k.split("/")[2] for k in keys if not k.split("/")[2].startswith(".")})
+        assert len(versions) == 2
+        # A version cut short before its index (a crash): invisible to MSC, and removed by the next update.
+        s3.put_object(Bucket="lake", Key="landing/.msc_manifests/9999-12-31T00:00:00.000000Z/lakefeed.json", Body=b"{}")
+        assert listed() == {"b.csv": 2, "c.csv": 3, "d.csv": 4}
+        MscWriter(fs, "lake/landing", cfg).update({"e.csv": Obj(5, 0)}, {"b.csv"}, 2)
+        assert listed() == {"c.csv": 3, "d.csv": 4, "e.csv": 5}
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lake", Prefix="landing/.msc_manifests/")["Contents"]]
+        assert not [k for k in keys if "9999" in k]

@@ -1,12 +1,12 @@
 """Which lake manifests an entity keeps besides its CDM manifest: multi-storage-client (MSC) manifests of its
-landing folder and of its tables' data files (docs/manifests.md)."""
+landing folder and of its tables' data files, and Kartothek dataset metadata of its table (docs/manifests.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from lakefeed.config.base import Frozen
 
@@ -29,6 +29,23 @@ class Msc(Frozen):
                                  description="The landing folder (or bucket prefix): every object lakefeed took in.")
     tables: MscManifest = Field(default=MscManifest(),
                                 description="Each output table: the data files of its current Delta version.")
+
+
+class Kartothek(Frozen):
+    """The entity's table as a Kartothek dataset: store = the table's grandparent folder (lake_dir), dataset uuid =
+    its parent (the entity's name), table name = its own name (`table`)."""
+
+    enabled: bool = False
+    indices: tuple[str, ...] = Field(default=(), description="Columns to keep secondary (inverted) indices of.")
+
+    @field_validator("indices")
+    @classmethod
+    def _indexable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if "partition" in value:
+            raise ValueError("a column named 'partition' cannot be indexed (Kartothek's index files use that name)")
+        if len(set(value)) != len(value):
+            raise ValueError("each column may be indexed once")
+        return value
 
 
 def clashes(entities: Iterable[Any]) -> None:

@@ -17,7 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo,
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
 from lakefeed.config.limits import Limits
-from lakefeed.config.manifests import Msc, clashes
+from lakefeed.config.manifests import Kartothek, Msc, clashes
 from lakefeed.config.sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
 from lakefeed.errors import ConfigError
 
@@ -175,6 +175,7 @@ class EntityConfig(Frozen):
     cdc: CdcConfig = CdcConfig()
     limits: Limits = Limits()
     msc: Msc = Field(default=Msc(), description="MSC manifests of the landing folder and of the tables.")
+    kartothek: Kartothek = Field(default=Kartothek(), description="The table as a Kartothek dataset too.")
     table: Location
     changelog: Location
     quarantine: Location

@@ -13,6 +13,7 @@ LastModified in whole seconds (HEAD reports no finer) and ETag.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ class Storage:
             parts = urlsplit(self.cfg.endpoint_override)
             options.update(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
         return pafs.S3FileSystem(**options)
+
+    def fs_of(self, location: str | Path) -> tuple[pafs.FileSystem, str]:
+        """A pyarrow file system for `location`, and the location's path on it (s3://bucket/key -> bucket/key)."""
+        if is_s3(location):
+            return self.filesystem, str(location).removeprefix("s3://").rstrip("/")
+        return pafs.LocalFileSystem(), os.path.abspath(location)
 
     def delta_options(self, location: str | Path) -> dict[str, str] | None:
         """deltalake storage options for a table at `location` (None for a local folder)."""

@@ -240,6 +240,13 @@ class ManifestKeeper:
             self._save_state(latest, owned, entity)
             return written
 
+    def check(self) -> list[str]:
+        """The manifest must reflect the table's latest version (refresh brings it there after every batch)."""
+        applied, latest = self.state()[0], self._table.version()
+        if latest is not None and applied < latest:
+            return [f"CDM manifest {self.cfg.manifest} reflects table version {applied}; the table is at {latest}"]
+        return []
+
     def _describe_schema(self, entity: dict[str, Any]) -> list[Path]:
         """Write the entity schema document the manifest points at, unless somebody else owns it."""
         document = schema_document(self.cfg.manifest.parent, entity)

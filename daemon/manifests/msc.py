@@ -3,17 +3,19 @@
 Layout under `<folder>/<path>` (path `.msc_manifests` by default), as MSC's ManifestMetadataProvider reads it:
 
     <version>/msc_manifest_index.json   {"version": "1", "format": "jsonl",
-                                         "parts": [{"path": "../.parts/msc_manifest_part000007.jsonl"}, …]}
+                                         "parts": [{"path": "/<path>/.parts/msc_manifest_part000007.jsonl"}, …]}
     <version>/lakefeed.json             what lakefeed applied up to (MSC reads only the index)
     .parts/msc_manifest_partNNNNNN.jsonl {"key": …, "size_bytes": …, "last_modified": "…Z"} per line
 
 MSC takes the lexicographically last version folder, so version names are UTC times to the microsecond with one
-suffix (`2026-11-23T17:19:57.123456Z`), each later than the last. A version is visible only when complete: on
-a local disk it is written under a dot-name (which MSC's glob skips) and renamed; on S3 its index is the last
-object written. Parts are immutable and shared by the versions that list them, so a version costs the changed
-objects: one new part for what was added, and a rewrite of each part that listed a removed or changed object.
-Every `compact_every` versions the listing is written again in full parts. Only `retain_versions` versions are
-kept, and parts that no kept version lists are removed (a crash between parts and index leaves such orphans).
+suffix (`2026-11-23T17:19:57.123456Z`), each later than the last. A part's path starts with `/`: MSC takes it as
+relative to the profile's base path (the folder), on a local disk and on S3 alike (it resolves no `../` on S3).
+A version is visible only when complete: on a local disk it is written under a dot-name (which MSC's glob skips)
+and renamed; on S3 its index is the last object written. Parts are immutable and shared by the versions that list
+them, so a version costs the changed objects: one new part for what was added, and a rewrite of each part that
+listed a removed or changed object. Every `compact_every` versions the listing is written again in full parts.
+Only `retain_versions` versions are kept, and parts that no kept version lists are removed (a crash between parts
+and index leaves such orphans).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class MscWriter:
 
     def __init__(self, fs: pafs.FileSystem, root: str, cfg: MscManifest) -> None:
         self.fs, self.cfg = fs, cfg
-        self.base = posixpath.join(root.rstrip("/"), cfg.path)
+        self.root = root.rstrip("/")
+        self.base = posixpath.join(self.root, cfg.path)
         self._local = isinstance(fs, pafs.LocalFileSystem)
         self._parts: dict[str, dict[str, Obj]] | None = None  # part name -> its objects (the latest version)
         self._where: dict[str, str] = {}  # key -> the part listing it
@@ -130,7 +133,7 @@ class MscWriter:
         if self._version:
             now = max(now, datetime.strptime(self._version, _TIME).replace(tzinfo=UTC) + timedelta(microseconds=1))
         version = now.strftime(_TIME)
-        index = {"version": "1", "parts": [{"path": f"../{PARTS}/{p}"} for p in parts], "format": "jsonl"}
+        index = {"version": "1", "parts": [{"path": f"/{self.cfg.path}/{PARTS}/{p}"} for p in parts], "format": "jsonl"}
         folder = posixpath.join(self.base, f".{version}.tmp" if self._local else version)
         self._write(posixpath.join(folder, SIDECAR), json.dumps(self._state))
         self._write(posixpath.join(folder, INDEX), json.dumps(index))
@@ -139,7 +142,8 @@ class MscWriter:
         return version
 
     def _write(self, path: str, text: str) -> None:
-        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        if self._local:  # S3 has no folders (pyarrow would write marker objects)
+            self.fs.create_dir(posixpath.dirname(path), recursive=True)
         with self.fs.open_output_stream(path) as out:
             out.write(text.encode())
 
@@ -165,8 +169,7 @@ class MscWriter:
                 index = json.loads(self._read(posixpath.join(folder, INDEX)))
                 state = json.loads(self._read(posixpath.join(folder, SIDECAR)))
                 parts = {posixpath.basename(p["path"]): dict(parse_line(line) for line in self._read(
-                    posixpath.normpath(posixpath.join(folder, p["path"]))).splitlines() if line)
-                    for p in index["parts"]}
+                    posixpath.join(self.root, p["path"].lstrip("/"))).splitlines() if line) for p in index["parts"]}
             except (FileNotFoundError, ValueError, KeyError) as exc:  # not one of lakefeed's, or incomplete
                 _log.warning("msc.version_skipped", manifest=self.base, version=version, error=str(exc))
                 continue

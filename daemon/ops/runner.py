@@ -35,6 +35,7 @@ from lakefeed.inbox import storage
 from lakefeed.inbox.files import Inbox, InboxRecord
 from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
+from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
 from lakefeed.pipeline.commit import BatchResult, Sinks
 from lakefeed.pipeline.entity import EntityPipeline
@@ -94,13 +95,13 @@ class EntityRunner:
         if isinstance(cfg.source, S3Source):
             self.inbox = Inbox(cfg.state / "inbox")
             outputs = tuple(str(loc) for loc in (cfg.table, cfg.changelog, cfg.quarantine, cfg.history,
-                                                 cfg.tombstones, self.pipeline.folders.excluded() or "")
+                                                 cfg.tombstones, landing_manifest(cfg) or "")
                             if storage.is_s3(loc))
             self.source = S3Landing(cfg.name, cfg.source, self.inbox, self.pipeline.storage, cfg.state,
                                     excluded=outputs, on_found=metrics.missed.labels(cfg.name).inc)
         elif cfg.source is not None:
             self.inbox = Inbox(cfg.state / "inbox")
-            own = self.pipeline.folders.excluded()  # the landing folder's MSC manifest
+            own = landing_manifest(cfg)  # the landing folder's MSC manifest
             excluded = (*excluded, Path(own)) if own else excluded
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
                                          excluded=excluded, follow_symlinks=cfg.source.follow_symlinks)

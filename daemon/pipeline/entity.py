@@ -34,8 +34,8 @@ from lakefeed.inbox import storage
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
+from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
-from lakefeed.manifests.folders import FolderManifests
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.pipeline.faults import commit_or_park
 
@@ -53,7 +53,7 @@ class EntityPipeline:
         # An S3 entity's manifests are worked on locally and published to its bucket folder.
         self.mirror = Mirror(self.storage, self.root, cfg.manifest_url.rsplit("/", 1)[0]) if cfg.manifest_url else None
         self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
-        self.folders = FolderManifests(cfg, self.storage)
+        self.manifests = manifests_of(cfg, self.keeper, self.storage)
         self._offsets = ChangelogOffsets(sinks.changelog)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
@@ -196,7 +196,7 @@ class EntityPipeline:
         if committer.all_done(batch_id):
             log_.info("batch.replay_skipped", files=len(records))
             result.skipped = True
-            self._manifests(records[-1].offset + 1)
+            self._manifests()
             return result
         checked_at = clock.now()
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
@@ -249,7 +249,7 @@ class EntityPipeline:
                 data = data.filter(pc.not_equal(data.column("source_file"), retracted))
         failpoints.reached("batch.discovered")
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot_file)
-        self._manifests(records[-1].offset + 1)
+        self._manifests()
         return result
 
     def _snapshot_file(self, records: list[InboxRecord], removed: dict[int, Partition],
@@ -277,11 +277,10 @@ class EntityPipeline:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
 
-    def _manifests(self, inbox_end: int | None = None) -> None:
-        """After a batch (committed, or replayed and found committed): each manifest brought to committed state;
-        `inbox_end`: the end of a file batch's inbox records."""
-        self.keeper.refresh()
-        self.folders.refresh(inbox_end)
+    def _manifests(self) -> None:
+        """After a batch (committed, or replayed and found committed): each manifest brought to committed state."""
+        for manifest in self.manifests:
+            manifest.refresh()
 
     def _go_on(self) -> None:
         if self.halted():

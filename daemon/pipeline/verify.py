@@ -1,5 +1,6 @@
-"""`lakefeed verify`: the changelog, replayed from offset 0, must reproduce the current table; the MSC manifests
-of the tables must list exactly the files of their current versions.
+"""`lakefeed verify`: the changelog, replayed from offset 0, must reproduce the current table; every manifest of
+the lake must agree with the tables (the CDM manifest reflects the latest version, the MSC manifests list exactly
+the files of the current versions, the Kartothek dataset its files, schema and indices).
 
 Checks that offsets are dense and never reused, that every retraction and correct-from
 carries exactly the values the key had, that a correct-to immediately follows its
@@ -19,7 +20,8 @@ from lakefeed.batch.changelog import SYSTEM_COLUMNS
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
-from lakefeed.manifests.folders import FolderManifests
+from lakefeed.manifests.base import manifests_of
+from lakefeed.manifests.cdm import ManifestKeeper
 from lakefeed.pipeline.commit import delta_sink
 
 
@@ -30,7 +32,9 @@ def _rows(sink: DeltaRsSink) -> pa.Table | None:
 def verify(cfg: EntityConfig, limit: int = 20) -> list[str]:
     """Problems found (at most `limit`), empty when the changelog reproduces the table and the MSC manifests
     list the tables' files."""
-    return (_replay(cfg, limit) + FolderManifests(cfg, Storage(cfg.storage)).check())[:limit]
+    table = delta_sink(cfg, cfg.table)
+    manifests = manifests_of(cfg, ManifestKeeper(cfg, table), Storage(cfg.storage))
+    return (_replay(cfg, limit) + [p for m in manifests for p in m.check()])[:limit]
 
 
 def _replay(cfg: EntityConfig, limit: int) -> list[str]:
