@@ -110,6 +110,15 @@ def check_lifecycle(r: dict[str, Any]) -> None:
     assert r["goals"]["changed_entity_restarted"] is True
 
 
+def check_msc_upkeep(r: dict[str, Any]) -> None:
+    completed(r)
+    assert r["msc_lists_the_folder"] is True
+    assert set(r["changes"]) == {"10", "100"}
+    positive(r, "msc_generator.median_s", "msc_generator.bytes", "first_version_s",
+             *(f"changes.{k}.{f}" for k in r["changes"] for f in ("update_s", "batch_s", "version_bytes")))
+    assert all(v["version_bytes"] < r["msc_generator"]["bytes"] for v in r["changes"].values())
+
+
 def check_push_api(r: dict[str, Any]) -> None:
     completed(r)
     phases = {"1", "100", "10000", "10000_ndjson", "10000_arrow"}
@@ -164,6 +173,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ingest_files": check_ingest_files,
     "kafka_ingest": check_kafka_ingest,
     "lifecycle": check_lifecycle,
+    "msc_upkeep": check_msc_upkeep,
     "push_api": check_push_api,
     "read_engines": check_read_engines,
     "s3_listing": check_s3_listing,

@@ -20,7 +20,7 @@ class MscManifest(Frozen):
     retain_versions: int = Field(default=10, ge=1, description="Versions kept; older ones are removed.")
     compact_every: int = Field(default=50, ge=1,
                                description="Every this many versions, the listing is written again in full parts.")
-    part_lines: int = Field(default=10_000, ge=1,
+    part_lines: int = Field(default=1000, ge=1,
                             description="Objects per part at most: a removal rewrites the part that listed it.")
 
 

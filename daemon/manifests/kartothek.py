@@ -58,13 +58,17 @@ class KartothekDataset:
         self.store = posixpath.dirname(posixpath.dirname(self.root))
         self.metadata_path = posixpath.join(self.store, f"{self.uuid}.by-dataset-metadata.json")
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._meta: dict[str, Any] | None = None
 
     def metadata(self) -> dict[str, Any] | None:
-        try:
-            with self.fs.open_input_stream(self.metadata_path) as stream:
-                return json.loads(stream.read())
-        except FileNotFoundError:
-            return None
+        """The dataset's metadata as last written (read once: it lists every file, so it is kept in memory)."""
+        if self._meta is None:
+            try:
+                with self.fs.open_input_stream(self.metadata_path) as stream:
+                    self._meta = json.loads(stream.read())
+            except FileNotFoundError:
+                return None
+        return self._meta
 
     def refresh(self) -> None:
         if not self.cfg.kartothek.enabled:
@@ -98,9 +102,11 @@ class KartothekDataset:
             indices[column] = self._index(schema.field(column), previous, gone, changes.added, every)
         self._warn_of_views(changes.added)
         failpoints.reached("kartothek.indices_written")
-        self._write_json({"dataset_metadata_version": 4, "dataset_uuid": self.uuid, "partitions": partitions,
-                          "partition_keys": [], "indices": indices,
-                          "metadata": {VERSION_KEY: str(changes.latest), "lakefeed.entity": self.cfg.name}})
+        written = {"dataset_metadata_version": 4, "dataset_uuid": self.uuid, "partitions": partitions,
+                   "partition_keys": [], "indices": indices,
+                   "metadata": {VERSION_KEY: str(changes.latest), "lakefeed.entity": self.cfg.name}}
+        self._write_json(written)
+        self._meta = written
         for column, path in indices.items():
             self._prune(column, path, (meta or {}).get("indices", {}).get(column))
         _log.info("kartothek.written", entity=self.cfg.name, dataset=self.metadata_path, partitions=len(partitions),
@@ -179,6 +185,7 @@ class KartothekDataset:
     def check(self) -> list[str]:
         """The dataset lists exactly the table's files, its schema is the table's, and every index maps each
         value to exactly the partitions holding it (recomputed from the files: O(data), for `lakefeed verify`)."""
+        self._meta = None
         meta = self.metadata() if self.cfg.kartothek.enabled else None
         if meta is None or delta_log.latest_version(self.fs, self.root) is None:
             return []

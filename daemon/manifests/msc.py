@@ -58,6 +58,7 @@ class Obj:
 
 
 def parse_line(line: str) -> tuple[str, Obj]:
+    """(key, object) of a part's line."""
     row = json.loads(line)
     when = datetime.strptime(row["last_modified"], _TIME).replace(tzinfo=UTC)
     return row["key"], Obj(int(row["size_bytes"]), (when - _EPOCH) // timedelta(microseconds=1))
@@ -73,6 +74,7 @@ class MscWriter:
         self._local = isinstance(fs, pafs.LocalFileSystem)
         self._parts: dict[str, dict[str, Obj]] | None = None  # part name -> its objects (the latest version)
         self._where: dict[str, str] = {}  # key -> the part listing it
+        self._lines: dict[str, str] = {}  # key -> its line in that part
         self._version = ""
         self._state = {"applied": -1, "since_compaction": 0, "next_part": 1}
 
@@ -100,26 +102,46 @@ class MscWriter:
         if not changed and not gone:
             return None
         parts = dict(self._parts)
-        rewrite = {self._where[k] for k in (*gone, *changed) if k in self._where}
+        rewrite = sorted({self._where[k] for k in (*gone, *changed) if k in self._where})
         for name in rewrite:
             del parts[name]
-        kept = {k: o for name in rewrite for k, o in self._parts[name].items() if k not in gone and k not in changed}
+        for key, obj in changed.items():
+            self._lines[key] = obj.line(key)
+        # Objects stay in the order they came (parts are named in that order): removals, which mostly take
+        # the oldest files or ones just rewritten, then touch few parts.
+        kept = [k for name in rewrite for k in self._parts[name] if k not in gone and k not in changed]
         since = int(self._state["since_compaction"]) + 1
-        if since >= self.cfg.compact_every:
-            kept = {k: o for objects in parts.values() for k, o in objects.items()} | kept
+        compacting = since >= self.cfg.compact_every
+        if compacting:
+            kept = [k for name in sorted(parts) for k in parts[name] if k not in changed] + kept
             parts, since = {}, 0
-        fresh = sorted({**kept, **changed}.items())
+        fresh = list(dict.fromkeys([*kept, *changed]))
+        objects = {**{k: o for name in rewrite for k, o in self._parts[name].items()},
+                   **({k: o for part in self._parts.values() for k, o in part.items()} if compacting else {}),
+                   **changed}
+        added = []
         for i in range(0, len(fresh), self.cfg.part_lines):
             name = f"msc_manifest_part{self._state['next_part']:06d}.jsonl"
             self._state["next_part"] = int(self._state["next_part"]) + 1
-            chunk = dict(fresh[i:i + self.cfg.part_lines])
-            self._write(posixpath.join(self.base, PARTS, name), "\n".join(o.line(k) for k, o in chunk.items()))
-            parts[name] = chunk
+            keys = fresh[i:i + self.cfg.part_lines]
+            self._write(posixpath.join(self.base, PARTS, name), "\n".join(self._lines[k] for k in keys))
+            parts[name] = {k: objects[k] for k in keys}
+            added.append(name)
         failpoints.reached("msc.parts_written")
         self._state["since_compaction"] = since
         version = self._publish(sorted(parts))
+        # What the version lists, kept in memory in O(changes) (in O(files) only when compacting).
+        for name in rewrite:
+            for key in self._parts[name]:
+                self._where.pop(key, None)
+        for key in gone:
+            self._where.pop(key, None)
+            self._lines.pop(key, None)
+        if compacting:
+            self._where = {}
+        for name in added:
+            self._where.update(dict.fromkeys(parts[name], name))
         self._parts, self._version = parts, version
-        self._where = {k: name for name, objects in parts.items() for k in objects}
         self._prune()
         return version
 
@@ -162,18 +184,24 @@ class MscWriter:
     def _load(self) -> None:
         if self._parts is not None:
             return
-        self._parts, self._where = {}, {}
+        self._parts, self._where, self._lines = {}, {}, {}
         for version in reversed(self._versions()):
             folder = posixpath.join(self.base, version)
             try:
                 index = json.loads(self._read(posixpath.join(folder, INDEX)))
                 state = json.loads(self._read(posixpath.join(folder, SIDECAR)))
-                parts = {posixpath.basename(p["path"]): dict(parse_line(line) for line in self._read(
-                    posixpath.join(self.root, p["path"].lstrip("/"))).splitlines() if line) for p in index["parts"]}
+                parts, lines = {}, {}
+                for part in index["parts"]:
+                    objects = {}
+                    for line in self._read(posixpath.join(self.root, part["path"].lstrip("/"))).splitlines():
+                        if line:
+                            key, obj = parse_line(line)
+                            objects[key], lines[key] = obj, line
+                    parts[posixpath.basename(part["path"])] = objects
             except (FileNotFoundError, ValueError, KeyError) as exc:  # not one of lakefeed's, or incomplete
                 _log.warning("msc.version_skipped", manifest=self.base, version=version, error=str(exc))
                 continue
-            self._parts, self._version, self._state = parts, version, state
+            self._parts, self._version, self._state, self._lines = parts, version, state, lines
             self._where = {k: name for name, objects in parts.items() for k in objects}
             return
 
