@@ -205,3 +205,19 @@ def test_on_s3_a_version_is_visible_only_once_its_index_is_written(tmp_path):
         assert listed() == {"c.csv": 3, "d.csv": 4, "e.csv": 5}
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lake", Prefix="landing/.msc_manifests/")["Contents"]]
         assert not [k for k in keys if "9999" in k]
+
+
+def test_an_update_that_failed_is_applied_whole_when_tried_again(tmp_path, monkeypatch):
+    """A full disk or a lost bucket while writing: the batch is retried, and so is the manifest's update."""
+    writer = MscWriter(pafs.LocalFileSystem(), str(tmp_path), MscManifest(enabled=True))
+    writer.update({"a.csv": Obj(1, 0)}, (), 0)
+    publish = writer._publish
+    monkeypatch.setattr(writer, "_publish", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    try:
+        writer.update({"b.csv": Obj(2, 0)}, {"a.csv"}, 1)
+    except OSError:
+        pass
+    monkeypatch.setattr(writer, "_publish", publish)
+    assert writer.applied == 0
+    writer.update({"b.csv": Obj(2, 0)}, {"a.csv"}, 1)
+    assert msc_listing(tmp_path) == {"b.csv": (2, 0)}

@@ -98,9 +98,10 @@ class MscWriter:
             return None
         changed = {k: o for k, o in put.items() if self._current(k) != o}
         gone = {k for k in removed if k in self._where and k not in put}
-        self._state["applied"] = applied
         if not changed and not gone:
+            self._state["applied"] = applied  # recorded with the next version written
             return None
+        state = {**self._state, "applied": applied}  # this object's own only once the version is out
         parts = dict(self._parts)
         rewrite = sorted({self._where[k] for k in (*gone, *changed) if k in self._where})
         for name in rewrite:
@@ -110,7 +111,7 @@ class MscWriter:
         # Objects stay in the order they came (parts are named in that order): removals, which mostly take
         # the oldest files or ones just rewritten, then touch few parts.
         kept = [k for name in rewrite for k in self._parts[name] if k not in gone and k not in changed]
-        since = int(self._state["since_compaction"]) + 1
+        since = int(state["since_compaction"]) + 1
         compacting = since >= self.cfg.compact_every
         if compacting:
             kept = [k for name in sorted(parts) for k in parts[name] if k not in changed] + kept
@@ -121,15 +122,15 @@ class MscWriter:
                    **changed}
         added = []
         for i in range(0, len(fresh), self.cfg.part_lines):
-            name = f"msc_manifest_part{self._state['next_part']:06d}.jsonl"
-            self._state["next_part"] = int(self._state["next_part"]) + 1
+            name = f"msc_manifest_part{state['next_part']:06d}.jsonl"
+            state["next_part"] = int(state["next_part"]) + 1
             keys = fresh[i:i + self.cfg.part_lines]
             self._write(posixpath.join(self.base, PARTS, name), "\n".join(self._lines[k] for k in keys))
             parts[name] = {k: objects[k] for k in keys}
             added.append(name)
         failpoints.reached("msc.parts_written")
-        self._state["since_compaction"] = since
-        version = self._publish(sorted(parts))
+        state["since_compaction"] = since
+        version = self._publish(sorted(parts), state)
         # What the version lists, kept in memory in O(changes) (in O(files) only when compacting).
         for name in rewrite:
             for key in self._parts[name]:
@@ -141,7 +142,7 @@ class MscWriter:
             self._where = {}
         for name in added:
             self._where.update(dict.fromkeys(parts[name], name))
-        self._parts, self._version = parts, version
+        self._parts, self._version, self._state = parts, version, state
         self._prune()
         return version
 
@@ -149,7 +150,7 @@ class MscWriter:
         part = self._where.get(key)
         return self._parts[part][key] if part is not None and self._parts is not None else None
 
-    def _publish(self, parts: list[str]) -> str:
+    def _publish(self, parts: list[str], state: dict[str, int]) -> str:
         """Write the version's sidecar and index; visible at once and whole (see the module's docstring)."""
         now = datetime.now(UTC)
         if self._version:
@@ -157,7 +158,7 @@ class MscWriter:
         version = now.strftime(_TIME)
         index = {"version": "1", "parts": [{"path": f"/{self.cfg.path}/{PARTS}/{p}"} for p in parts], "format": "jsonl"}
         folder = posixpath.join(self.base, f".{version}.tmp" if self._local else version)
-        self._write(posixpath.join(folder, SIDECAR), json.dumps(self._state))
+        self._write(posixpath.join(folder, SIDECAR), json.dumps(state))
         self._write(posixpath.join(folder, INDEX), json.dumps(index))
         if self._local:
             self.fs.move(folder, posixpath.join(self.base, version))
