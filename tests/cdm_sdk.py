@@ -17,17 +17,22 @@ def _corpus(root: Path) -> CdmCorpusDefinition:
     return corpus
 
 
-async def _load(root: Path, manifest: str, status_check: bool):
+async def _load(root: Path, manifest: str, status_check: bool, incremental: bool):
     doc = await _corpus(root).fetch_object_async(f"local:/{manifest}")
     assert doc is not None, f"the CDM SDK could not load {manifest}"
     if status_check:
-        await doc.file_status_check_async()
+        from cdm.enums import PartitionFileStatusCheckType
+
+        kind = PartitionFileStatusCheckType.FULL_AND_INCREMENTAL if incremental else PartitionFileStatusCheckType.FULL
+        await doc.file_status_check_async(kind)
     return doc
 
 
-def partitions(root: Path, manifest: str = "default.manifest.cdm.json", status_check: bool = False):
-    """{entity: {(location, incremental): {argument: [values]}}} as the SDK sees the manifest."""
-    doc = asyncio.run(_load(root, manifest, status_check))
+def partitions(root: Path, manifest: str = "default.manifest.cdm.json", status_check: bool = False,
+               incremental: bool = False):
+    """{entity: {(location, incremental): {argument: [values]}}} as the SDK sees the manifest (after its
+    fileStatusCheck of data patterns, and of incremental ones too with `incremental`)."""
+    doc = asyncio.run(_load(root, manifest, status_check, incremental))
     out = {}
     for entity in doc.entities:
         found = {}

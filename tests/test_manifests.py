@@ -61,3 +61,55 @@ def test_rewritten_file_updates_its_entry_and_explicit_entries_keep_their_argume
     assert listed["arguments"] == [{"name": "k", "value": "mine"}] and listed["specializedSchema"] == "x"
     assert listed["lastFileModifiedTime"] == "2024-06-01T00:00:00.000Z"  # never moves backwards
     assert listed["lastFileStatusCheckTime"] == "2024-05-02T00:00:00.000Z"
+
+
+def test_partitions_carry_their_patterns_traits_as_the_cdm_sdk_writes_them(tmp_path):
+    """A pattern's format trait (and its arguments) goes onto each partition it finds, which readers need to
+    parse the file; an incremental partition's incremental trait names its pattern. Compared with the SDK's
+    fileStatusCheck on a copy of the same folder."""
+    import json
+    import shutil
+
+    from lakefeed.config import model as config
+    from lakefeed.inbox.files import FileEvent
+    from tests import cdm_sdk
+    from tests.conftest import entity_yaml, land, write_config
+    from tests.test_cdc import SCHEMA_DOC
+    from tests.test_pipeline import _prepared
+
+    csv = {"traitReference": "is.partition.format.CSV",
+           "arguments": [{"name": "columnHeaders", "value": "true"}, {"name": "delimiter", "value": ","}]}
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    manifest = {"manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0", "entities": [{
+        "type": "LocalEntity", "entityName": "sales", "entityPath": "sales.cdm.json/sales",
+        "dataPartitionPatterns": [{"name": "full", "rootLocation": "sales", "globPattern": "/full/*.csv",
+                                   "exhibitsTraits": [csv]}],
+        "incrementalPartitionPatterns": [{"name": "ups", "rootLocation": "sales", "globPattern": "/ups/*.csv",
+                                          "exhibitsTraits": [csv, {"traitReference": "is.partition.incremental",
+                                                                   "arguments": [{"name": "type",
+                                                                                  "value": "Upsert"}]}]}]}]}
+    (landing / "default.manifest.cdm.json").write_text(json.dumps(manifest))
+    (landing / "sales.cdm.json").write_text(json.dumps(SCHEMA_DOC))
+    paths = [land(landing / "sales" / "full" / "a.csv", "k,v\n1,a\n"),
+             land(landing / "sales" / "ups" / "b.csv", "k,v\n2,b\n")]
+    shutil.copytree(landing, tmp_path / "sdk")
+    entity = entity_yaml(patterns=[], cdc={"strategy": "upsert", "primary_key": ["k"]})
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    pipeline.process(inbox.offer([FileEvent.of(p) for p in paths]), 0)
+
+    def traits(items) -> set:
+        return {(t["traitReference"], frozenset((a["name"], a["value"]) for a in t.get("arguments", ())))
+                for t in items}
+
+    ours = json.loads((landing / "default.manifest.cdm.json").read_text())["entities"][0]
+    got = {p["location"]: traits(p["exhibitsTraits"]) for key in ("dataPartitions", "incrementalPartitions")
+           for p in ours[key]}
+    _, doc = cdm_sdk.partitions(tmp_path / "sdk", status_check=True, incremental=True)
+    sdk_entity = doc.entities[0]
+    wanted = {p.location: {(t.named_reference, frozenset((a.name, str(a.value)) for a in t.arguments))
+                           for t in p.exhibits_traits}
+              for p in [*sdk_entity.data_partitions, *sdk_entity.incremental_partitions]}
+    assert got == wanted
+    assert ("is.partition.format.CSV", frozenset({("columnHeaders", "true"), ("delimiter", ",")})) in got[
+        "sales/full/a.csv"]

@@ -125,8 +125,9 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
             continue
         decl = existing if existing is not None else {}
         decl["location"] = rec["location"]
-        if rec["type"]:
-            decl["exhibitsTraits"] = [_incremental_trait(rec["type"], rec["pattern"])]
+        traits = _pattern_traits(entity, rec["pattern"], rec["type"])
+        if traits:
+            decl["exhibitsTraits"] = traits
         decl["arguments"] = [{"name": n, "value": v} for n, values in rec["arguments"].items() for v in values]
         decl["lastFileStatusCheckTime"] = checked
         decl["lastFileModifiedTime"] = rec["mtime"]
@@ -145,6 +146,16 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
     _set_time(doc, "lastChildFileModifiedTime", clock.latest(
         doc.get("lastChildFileModifiedTime"), entity.get("lastChildFileModifiedTime"),
         entity.get("lastFileModifiedTime")))
+
+
+def _pattern_traits(entity: dict[str, Any], pattern_name: str | None, kind: str | None) -> list[Any]:
+    """The traits a partition takes from the pattern that found it (a format trait with its arguments, say:
+    readers need them to parse the file), as the CDM SDK copies them; an incremental one names its pattern."""
+    patterns = [p for key in ("dataPartitionPatterns", "incrementalPartitionPatterns") for p in entity.get(key) or ()]
+    pattern = next((p for p in patterns if isinstance(p, dict) and p.get("name") == pattern_name), {})
+    traits = [json.loads(json.dumps(t)) for t in pattern.get("exhibitsTraits") or ()
+              if (t.get("traitReference") if isinstance(t, dict) else t) != INCREMENTAL_TRAIT]
+    return [*traits, _incremental_trait(kind, pattern_name)] if kind else traits
 
 
 def _set_time(obj: dict[str, Any], key: str, value: str | None) -> None:
