@@ -9,7 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,12 +39,19 @@ def check_dataset(store: Path, uuid: str, table: str) -> list[str]:
     tables = {frozenset(p["files"]) for p in partitions.values()}
     if len(tables) > 1:
         problems.append("all partitions shall have the same set of tables")
+    keys = meta.get("partition_keys", [])
     for label, partition in partitions.items():
         for name, key in partition["files"].items():
             if not key.startswith(f"{uuid}/{name}/") or not key.endswith(".parquet"):
                 problems.append(f"partition {label}: file {key} is not <uuid>/<table>/….parquet")
             elif not (store / key).is_file():
                 problems.append(f"partition {label}: file {key} does not exist")
+            # Partition content encoding: URL-encoded col=value folders, in key order (a "/" in a value is %2F,
+            # else it would make a folder of its own, without "=").
+            folders = key.split("/")[2:-1]
+            if [f.split("=", 1)[0] for f in folders] != [quote(k, safe="") for k in keys] or \
+                    any(f.count("=") != 1 for f in folders):
+                problems.append(f"partition {label}: folders {folders} do not encode the keys {keys}")
     common = store / uuid / table / "_common_metadata"
     if not common.is_file():
         return [*problems, f"{common} is missing"]
@@ -52,10 +59,13 @@ def check_dataset(store: Path, uuid: str, table: str) -> list[str]:
     if pq.ParquetFile(common).metadata.num_rows != 0:
         problems.append("_common_metadata must be an empty Parquet file")
     data_files = [store / p["files"][table] for p in partitions.values() if table in p["files"]]
+    if not set(keys) <= set(schema.names):
+        problems.append(f"_common_metadata lacks the partition keys {sorted(set(keys) - set(schema.names))}")
     for path in data_files:
-        extra = set(pq.read_schema(path).names) - set(schema.names)
-        if extra:
-            problems.append(f"{path.name} has columns {sorted(extra)} that _common_metadata does not declare")
+        names = set(pq.read_schema(path).names)
+        if names - set(schema.names) or names & set(keys):
+            problems.append(f"{path.name} has columns {sorted(names - set(schema.names))} that _common_metadata "
+                            f"does not declare, or partition keys {sorted(names & set(keys))} stored in the file")
     for column, key in meta.get("indices", {}).items():
         folder, _, name = key.rpartition("/")
         if folder != f"{uuid}/indices/{column}" or not name.endswith(".by-dataset-index.parquet") or \

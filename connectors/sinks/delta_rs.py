@@ -43,9 +43,11 @@ def contiguous(data: pa.Table) -> pa.Table:
 
 class DeltaRsSink(TableSink):
     def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None,
-                 unique_columns: tuple[str, ...] = ()) -> None:
-        """`unique_columns` hold (nearly) unique values, such as offsets: Parquet dictionaries are skipped for them."""
+                 unique_columns: tuple[str, ...] = (), partition_by: tuple[str, ...] = ()) -> None:
+        """`unique_columns` hold (nearly) unique values, such as offsets: Parquet dictionaries are skipped for them;
+        `partition_by`: the columns a new table is partitioned by (Hive-style folders)."""
         self.uri = str(uri)
+        self._partition_by = list(partition_by) or None
         self._options = storage_options
         self._table: DeltaTable | None = None
         self._writer = WriterProperties(
@@ -67,10 +69,12 @@ class DeltaRsSink(TableSink):
         return table.transaction_version(app_id) if table is not None else None
 
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        target = self._target()
         write_deltalake(
-            self._target(),
+            target,
             contiguous(data),
             mode="append",
+            partition_by=self._partition_by if isinstance(target, str) else None,
             schema_mode="merge",
             storage_options=self._options,
             writer_properties=self._writer,
@@ -120,7 +124,8 @@ class DeltaRsSink(TableSink):
         table = self._load()
         if table is None:
             write_deltalake(self.uri, source.select(columns).schema.empty_table(), mode="append",
-                            storage_options=self._options, configuration={_CDF: "true"})
+                            partition_by=self._partition_by, storage_options=self._options,
+                            configuration={_CDF: "true"})
             table = self._load()
         elif table.metadata().configuration.get(_CDF) != "true":
             table.alter.set_table_properties({_CDF: "true"})

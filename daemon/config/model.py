@@ -164,8 +164,7 @@ FileSource = Annotated[Annotated[LocalDirSource, Tag("local_dir")] | Annotated[S
 
 class EntityConfig(Frozen):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    source: FileSource | None = Field(default=None, description="Where the entity's files land: a local folder "
-                                      "(type local_dir, the default) or a bucket prefix (type s3).")
+    source: FileSource | None = Field(default=None, description="Where files land: a local folder (local_dir) or s3.")
     push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
     kafka: tuple[KafkaSource, ...] = Field(default=(), description="Kafka topic sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
@@ -176,6 +175,8 @@ class EntityConfig(Frozen):
     limits: Limits = Limits()
     msc: Msc = Field(default=Msc(), description="MSC manifests of the landing folder and of the tables.")
     kartothek: Kartothek = Field(default=Kartothek(), description="The table as a Kartothek dataset too.")
+    partition_by: tuple[str, ...] = Field(default=(), description="Columns (e.g. partition arguments) a new table "
+                                          "is partitioned by: Hive-style folders, Kartothek's partition keys.")
     table: Location
     changelog: Location
     quarantine: Location
@@ -184,8 +185,7 @@ class EntityConfig(Frozen):
                                                  "older change arriving later cannot bring a deleted row back.")
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
-    storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: the top-level "
-                                                                "`storage`).")
+    storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: top-level `storage`).")
 
     @model_validator(mode="before")
     @classmethod

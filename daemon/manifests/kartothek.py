@@ -7,11 +7,12 @@ The default layout `<lake_dir>/<entity>/table/` is Kartothek's `<store>/<dataset
     <store>/<uuid>/<table>/_common_metadata    an empty Parquet file with the table's schema
     <store>/<uuid>/indices/<col>/<time>.by-dataset-index.parquet   <col> -> partition: list<string> (labels)
 
-A partition's label is its data file's key under the table, without `.parquet`. lakefeed's tables are not
-partitioned (partition arguments are columns of the rows), so `partition_keys` is empty and every file is a
-partition. Everything is derived from the Delta log (the version applied is in `metadata`), written in the order a
-reader needs: schema, then new index files, then the metadata (atomically), so a reader never sees an index older
-than its metadata; index files are kept one generation back for readers that loaded the previous metadata.
+A partition's label is its data file's key under the table, without `.parquet`; every file is a partition. The
+table's Delta partition columns (`partition_by`) are the partition keys: Delta writes them `col=value` into the
+paths, escaped as Kartothek decodes them (`/` as `%2F`), and not into the files. Everything is derived from the
+Delta log (the version applied is in `metadata`), written in the order a reader needs: schema, then new index
+files, then the metadata (atomically), so a reader never sees an index older than its metadata; index files are
+kept one generation back for readers that loaded the previous metadata.
 """
 
 from __future__ import annotations
@@ -86,24 +87,26 @@ class KartothekDataset:
             partitions.pop(label(key), None)
         for key in changes.added:
             partitions[label(key)] = {"files": {self.table_name: f"{self.uuid}/{self.table_name}/{key}"}}
-        schema = readable(pa.schema(DeltaTable(self.location, version=changes.latest,
-                                               storage_options=options).schema().to_arrow()))
+        table = DeltaTable(self.location, version=changes.latest, storage_options=options)
+        schema = readable(pa.schema(table.schema().to_arrow()))
+        keys = list(table.metadata().partition_columns)  # in the files' paths (col=value), not in the files
         self._common_metadata(schema)
         prefix = f"{self.uuid}/{self.table_name}/"
         files = {p["files"][self.table_name].removeprefix(prefix): "" for p in partitions.values()}
         every = {key: posixpath.join(self.root, key) for key in files}
         indices = {}
         for column in self.cfg.kartothek.indices:
-            if column not in schema.names:
+            if column not in schema.names or column in keys:
                 _log.warning("kartothek.index_skipped", entity=self.cfg.name, column=column,
-                             reason="the table has no such column (yet)")
+                             reason="a partition key: Kartothek prunes by its folders" if column in keys else
+                             "the table has no such column (yet)")
                 continue
             previous = None if whole or meta is None else meta.get("indices", {}).get(column)
             indices[column] = self._index(schema.field(column), previous, gone, changes.added, every)
         self._warn_of_views(changes.added)
         failpoints.reached("kartothek.indices_written")
         written = {"dataset_metadata_version": 4, "dataset_uuid": self.uuid, "partitions": partitions,
-                   "partition_keys": [], "indices": indices,
+                   "partition_keys": keys, "indices": indices,
                    "metadata": {VERSION_KEY: str(changes.latest), "lakefeed.entity": self.cfg.name}}
         self._write_json(written)
         self._meta = written

@@ -43,7 +43,8 @@ class Sinks:
 
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
-        return cls(delta_sink(cfg, cfg.table), delta_sink(cfg, cfg.changelog, unique_columns=("offset",)),
+        return cls(delta_sink(cfg, cfg.table, partition_by=cfg.partition_by),
+                   delta_sink(cfg, cfg.changelog, unique_columns=("offset",)),
                    delta_sink(cfg, cfg.quarantine), delta_sink(cfg, cfg.history) if cfg.cdc.history else None,
                    delta_sink(cfg, cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
 
