@@ -42,7 +42,11 @@ from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import store_fault
 
 _log = log.get(__name__)
-_STARTED = ("Waiting for data to arrive", "Waiting for next trigger", "Processing new data")
+_WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
+
+
+def _started(status: dict) -> bool:
+    return status["message"] in _WAITING or (status["message"] == "Processing new data" and status["isDataAvailable"])
 
 
 def manifest_stamp(path: Path) -> tuple[int, int] | None:
@@ -137,13 +141,13 @@ class EntityRunner:
             if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
                 self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
             self.queries[stream] = self._start_query(stream)
-        # Started means each query is past its start-up work (sources initialized, first trigger planned), so
-        # the first file landing is not kept waiting behind it: it is waiting for data, or it is processing a
-        # backlog left by the last life (then it may never be seen waiting, and pushes must not wait for it).
+        # Started means each query has run its first trigger (a new query's first batch is an empty one), so the
+        # first file landing is not kept waiting behind start-up work; or it is processing data: a backlog left by
+        # the last life, behind which it may never be seen waiting (and pushes must not wait for it to drain).
         deadline = time.monotonic() + 120
         for stream in streams:
             query = self.queries[stream]
-            while query.isActive and query.status["message"] not in _STARTED and time.monotonic() < deadline:
+            while query.isActive and not _started(query.status) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
