@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import BenchError, Deadline, parse_args, ratio, say  # noqa: E402
 
+from lakefeed.config.manifests import MscManifest  # noqa: E402
+
 SMOKE = {"files": 2000, "changes": "10,100", "repeats": 1}
 PER_FOLDER = 1000
 
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--files", type=int, default=100_000)
     p.add_argument("--changes", default="10,100,1000", help="files landed per batch, comma-separated")
     p.add_argument("--repeats", type=int, default=3, help="batches per size (the median is reported)")
+    p.add_argument("--part-lines", type=int, default=MscManifest().part_lines, help="msc part_lines")
     p.add_argument("--timeout", type=float, default=1800.0)
     args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout if not args.smoke else 300.0)
@@ -88,13 +91,15 @@ def main(argv: list[str] | None = None) -> dict:
     from multistorageclient import StorageClient, StorageClientConfig
     from multistorageclient.generators import ManifestMetadataGenerator
 
-    from lakefeed.config.manifests import MscManifest
+    from lakefeed import log
     from lakefeed.inbox.files import FileEvent, Inbox
     from lakefeed.manifests.msc import MscWriter, Obj
     from lakefeed.pipeline.commit import Sinks
     from lakefeed.pipeline.entity import EntityPipeline
 
-    report: dict = {"bench": "msc_upkeep", "smoke": args.smoke, "files": args.files, "cpus": os.cpu_count(),
+    log.configure("WARNING")  # on stderr: stdout is the report's
+    report: dict = {"bench": "msc_upkeep", "smoke": args.smoke, "files": args.files, "part_lines": args.part_lines,
+                    "cpus": os.cpu_count(),
                     "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="lakefeed-msc-") as tmp:
         work = Path(tmp)
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
         say(f"MSC's generator: {report['msc_generator']['median_s']} s, {report['msc_generator']['bytes']} bytes")
         deadline.check("MSC's generator")
 
-        writer = MscWriter(pafs.LocalFileSystem(), str(landing), MscManifest(enabled=True))
+        writer = MscWriter(pafs.LocalFileSystem(), str(landing), MscManifest(enabled=True, part_lines=args.part_lines))
         started = time.perf_counter()
         writer.update(_listing(landing), (), 0)
         report["first_version_s"] = round(time.perf_counter() - started, 4)

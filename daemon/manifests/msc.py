@@ -75,6 +75,7 @@ class MscWriter:
         self._parts: dict[str, dict[str, Obj]] | None = None  # part name -> its objects (the latest version)
         self._where: dict[str, str] = {}  # key -> the part listing it
         self._lines: dict[str, str] = {}  # key -> its line in that part
+        self._kept: dict[str, set[str]] | None = None  # the versions kept -> the parts they list
         self._version = ""
         self._state = {"applied": -1, "since_compaction": 0, "next_part": 1}
 
@@ -207,12 +208,27 @@ class MscWriter:
             return
 
     def _prune(self) -> None:
-        """Keep `retain_versions` versions, the parts they list, and nothing else (unfinished writes included)."""
+        """Keep `retain_versions` versions, the parts they list, and nothing else. The kept versions' parts are
+        known in memory; storage is scanned (for what a crash left: unfinished versions, orphaned parts) at the
+        first update of a writer and when compacting, so an ordinary version costs no listing."""
+        assert self._parts is not None
+        if self._kept is None or int(self._state["since_compaction"]) == 0:
+            self._scan()
+        else:
+            self._kept[self._version] = set(self._parts)
+            while len(self._kept) > self.cfg.retain_versions:
+                version = min(self._kept)
+                gone = self._kept.pop(version)
+                self.fs.delete_dir(posixpath.join(self.base, version))
+                for part in gone - set().union(*self._kept.values()):
+                    self.fs.delete_file(posixpath.join(self.base, PARTS, part))
+
+    def _scan(self) -> None:
         versions = self._versions()
         old, kept = versions[:-self.cfg.retain_versions], versions[-self.cfg.retain_versions:]
         for version in old:
             self.fs.delete_dir(posixpath.join(self.base, version))
-        listed: set[str] = set()
+        self._kept = {}
         for version in kept:
             try:
                 index = json.loads(self._read(posixpath.join(self.base, version, INDEX)))
@@ -220,12 +236,11 @@ class MscWriter:
                 if version != self._version:
                     self.fs.delete_dir(posixpath.join(self.base, version))  # on S3: a write a crash cut short
                 continue
-            listed.update(posixpath.basename(p["path"]) for p in index.get("parts", ()))
-        infos = self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
-        for info in infos:
+            self._kept[version] = {posixpath.basename(p["path"]) for p in index.get("parts", ())}
+        listed = set().union(*self._kept.values())
+        for info in self.fs.get_file_info(pafs.FileSelector(self.base, allow_not_found=True)):
             if info.type == pafs.FileType.Directory and info.base_name.endswith(".tmp"):
                 self.fs.delete_dir(info.path)  # a version a crash left unfinished
-        parts = self.fs.get_file_info(pafs.FileSelector(posixpath.join(self.base, PARTS), allow_not_found=True))
-        for info in parts:
+        for info in self.fs.get_file_info(pafs.FileSelector(posixpath.join(self.base, PARTS), allow_not_found=True)):
             if info.base_name not in listed:
                 self.fs.delete_file(info.path)
