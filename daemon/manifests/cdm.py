@@ -193,14 +193,14 @@ class ManifestKeeper:
         copy of the declaration saved at the last refresh, so no partition written before is lost. Called for
         every batch: a manifest unchanged since it was last seen declaring the entity is not parsed again."""
         with manifest_lock(self.cfg.manifest):
-            if self._declared is not None and _stamp(self.cfg.manifest) == self._declared:
+            if self._declared is not None and manifest_stamp(self.cfg.manifest) == self._declared:
                 return
             try:
                 doc: dict[str, Any] | None = cdm_manifest.load(self.cfg.manifest)
             except FileNotFoundError:
                 doc = None
             if doc is not None and cdm_manifest.find_entity(doc, self.cfg.name) is not None:
-                self._declared = _stamp(self.cfg.manifest)
+                self._declared = manifest_stamp(self.cfg.manifest)
                 return
             saved = self._saved_entity()
             if saved is None:
@@ -286,7 +286,8 @@ class ManifestKeeper:
         os.replace(tmp, self._state_path)
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def manifest_stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a manifest file: tells a changed (fixed, restored) version from the one seen before."""
     try:
         st = path.stat()
     except OSError:

@@ -35,6 +35,7 @@ from lakefeed.inbox import storage
 from lakefeed.inbox.files import Inbox, InboxRecord
 from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
+from lakefeed.manifests.cdm import manifest_stamp
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
 from lakefeed.pipeline.commit import BatchResult, Sinks
@@ -47,14 +48,6 @@ _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
 
 def _started(status: dict) -> bool:
     return status["message"] in _WAITING or (status["message"] == "Processing new data" and status["isDataAvailable"])
-
-
-def manifest_stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 def _offsets(raw: object) -> dict[tuple[str, str], int]:

@@ -44,10 +44,11 @@ from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
+from lakefeed.manifests.cdm import manifest_stamp
 from lakefeed.ops import spark, status_api
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
-from lakefeed.ops.runner import EntityRunner, manifest_stamp
+from lakefeed.ops.runner import EntityRunner
 
 _log = log.get(__name__)
 _AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
