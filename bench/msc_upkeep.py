@@ -6,7 +6,7 @@ batch ingests the k files (discover, read, commit to Delta, CDM manifest), the M
 date, and the bench measures:
 
 - `version_over_batch`: the MSC update's time over the batch's (target <= 0.10 at 100k files);
-- `version_bytes`: what the new version wrote (new parts, index, sidecar): it grows with k, not with the files;
+- `version_bytes`: what the new version wrote (new parts and index): it grows with k, not with the files;
 - the same run's baselines: MSC's own `ManifestMetadataGenerator` regenerating the manifest from a listing of the
   folder (what a user without lakefeed does), and lakefeed's first, full version.
 

@@ -16,6 +16,20 @@ def test_offer_is_durable_dense_and_never_enqueues_an_identity_twice(tmp_path):
     assert reopened.offer([a, b, rewritten]) == []
 
 
+def test_a_removal_is_taken_once_and_a_file_back_after_it_again(tmp_path):
+    inbox = Inbox(tmp_path)
+    a = FileEvent("/l/a.csv", 10, 1)
+    gone = FileEvent("/l/a.csv", 0, 5, removed=True)
+    assert len(inbox.offer([a, gone])) == 2
+    assert inbox.offer([gone]) == []  # a removal delivered twice
+    assert not inbox.present("/l/a.csv") and inbox.listed("/l") == []
+    assert [r.offset for r in inbox.offer([a])] == [2]  # the same file back after its removal
+    inbox.close()
+    reopened = Inbox(tmp_path)
+    assert reopened.present("/l/a.csv") and reopened.listed("/l") == ["/l/a.csv"] and reopened.listed("/m") == []
+    assert reopened.offer([a, gone]) == []
+
+
 def test_torn_last_line_is_dropped_on_open(tmp_path):
     inbox = Inbox(tmp_path)
     inbox.offer([FileEvent("/l/a.csv", 1, 1)])

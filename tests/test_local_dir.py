@@ -52,8 +52,9 @@ def test_moved_in_from_outside_the_tree_is_taken_at_once(source, tmp_path):
     wait_for(lambda: len(_records(inbox)) == 1, 10, what="the file moved in")
     (landing / "sub").mkdir()
     os.rename(landing / "moved.csv", landing / "sub" / "renamed.csv")  # a rename inside the tree
-    wait_for(lambda: len(_records(inbox)) == 2, 10, what="the renamed file")
-    assert [os.path.relpath(r.path, landing) for r in _records(inbox)] == ["moved.csv", "sub/renamed.csv"]
+    wait_for(lambda: len(_records(inbox)) == 3, 10, what="the renamed file")
+    assert sorted((os.path.relpath(r.path, landing), r.removed) for r in _records(inbox)[1:]) == [
+        ("moved.csv", True), ("sub/renamed.csv", False)]  # the old name's removal and the new name
 
 
 def test_a_copied_tree_is_taken_whole_and_ignored_names_are_not(source, tmp_path):
@@ -107,3 +108,38 @@ def test_a_stopped_watch_is_reported_as_the_source_failing(source):
     src._observer.stop()  # as if inotify's thread had died
     src._observer.join(10)
     assert "watch (inotify) has stopped" in src.failure()
+
+
+def test_deletions_are_removals_whether_watched_or_found_by_a_listing(source, tmp_path):
+    src, landing, inbox = source
+    for name in ("a.csv", "b.csv", "c.csv"):
+        (landing / name).write_text("a\n1\n")
+    (landing / "_tmp").mkdir()
+    (landing / "_tmp" / "part.csv").write_text("a\n1\n")  # inside a `_` folder: never data, watched or listed
+    src.start()
+    assert sorted(os.path.basename(r.path) for r in _records(inbox)) == ["a.csv", "b.csv", "c.csv"]
+    (landing / "a.csv").unlink()
+    wait_for(lambda: len(_records(inbox)) == 4, 10, what="the deletion")
+    gone = _records(inbox)[3]
+    assert (os.path.basename(gone.path), gone.removed, gone.size) == ("a.csv", True, 0)
+    (landing / "_tmp" / "late.csv").write_text("a\n1\n")
+    (landing / "_tmp" / "part.csv").unlink()
+    src.stop()
+
+    (landing / "b.csv").unlink()  # while nobody watches
+    restarted = LocalDirSource("e", landing, src._inbox, reconcile_interval_s=3600)
+    try:
+        restarted.start()  # the listing at start finds it gone, once
+        assert [(os.path.basename(r.path), r.removed) for r in _records(inbox)[4:]] == [("b.csv", True)]
+        assert restarted.reconcile() == 0
+        before = (landing / "c.csv").stat()
+        (landing / "c.csv").unlink()
+        wait_for(lambda: len(_records(inbox)) == 6, 10, what="the deletion of c")
+        (landing / "c.csv").write_text("a\n1\n")  # back, with its old size and time: taken again
+        os.utime(landing / "c.csv", ns=(before.st_atime_ns, before.st_mtime_ns))
+        wait_for(lambda: len(_records(inbox)) == 7, 10, what="c back")
+        assert [(os.path.basename(r.path), r.removed) for r in _records(inbox)[5:]] == [
+            ("c.csv", True), ("c.csv", False)]
+        assert restarted.reconcile() == 0  # nothing the listing would add or remove
+    finally:
+        restarted.stop()

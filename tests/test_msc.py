@@ -130,7 +130,7 @@ def _landed(landing: Path) -> dict[str, tuple[int, int]]:
     return _on_disk(landing, keys)
 
 
-def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through_a_kill(tmp_path):
+def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through_a_kill_and_deletions(tmp_path):
     from lakefeed.config import model as config
     from lakefeed.pipeline.verify import verify
     from tests.conftest import entity_yaml, land, wait_for, write_config
@@ -165,6 +165,22 @@ def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through
         assert len(msc_listing(landing)) == 3
         cfg = config.load(path).entities[0]
         assert verify(cfg) == []
+
+        def partitions() -> set[str]:
+            doc = json.loads(cfg.manifest.read_text())
+            (entity,) = doc["entities"]
+            return {Path(p["location"]).name for p in entity.get("dataPartitions", [])}
+
+        assert partitions() == {"a.csv", "b.csv", "c.csv"}
+        (landing / "sales" / "a.csv").unlink()  # a local deletion: a removal, in the manifests but not the table
+        wait_for(lambda: len(_landed(landing)) == 2 and current() and partitions() == {"b.csv", "c.csv"}, 60, 0.5,
+                 "the deletion in the manifests")
+        daemon.signal(15)
+        assert daemon.wait(60) == 0
+        (landing / "sales" / "b.csv").unlink()  # while the daemon is down: its listing at start finds it gone
+        daemon.start()
+        wait_for(lambda: current() and partitions() == {"c.csv"}, 60, 0.5, "the deletion found by the listing")
+        assert msc_listing(landing).keys() == {"sales/c.csv"} and verify(cfg) == []
         daemon.signal(15)
         assert daemon.wait(60) == 0
     finally:
@@ -198,7 +214,7 @@ def test_on_s3_a_version_is_visible_only_once_its_index_is_written(tmp_path):
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lake", Prefix="landing/.msc_manifests/")["Contents"]]
         versions = sorted({k.split("/")[2] for k in keys if not k.split("/")[2].startswith(".")})
         assert len(versions) == 2
-        # A version cut short before its index (a crash): invisible to MSC, and removed by the next update.
+        # A version folder without an index (an older lakefeed's sidecar): invisible to MSC, removed by the next update.
         s3.put_object(Bucket="lake", Key="landing/.msc_manifests/9999-12-31T00:00:00.000000Z/lakefeed.json", Body=b"{}")
         assert listed() == {"b.csv": 2, "c.csv": 3, "d.csv": 4}
         MscWriter(fs, "lake/landing", cfg).update({"e.csv": Obj(5, 0)}, {"b.csv"}, 2)

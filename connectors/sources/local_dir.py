@@ -5,10 +5,11 @@ watched tree, created by a copy of a whole folder) puts it on a short wait; once
 quiet for `quiet_s` it is enqueued if nobody has it open for writing, which a read lease
 tells (F_SETLEASE is refused exactly then). A file still being written waits for its close
 event. Where leases are not available (another owner, a network file system) a file counts
-as finished once its mtime is `settle_s` old. A listing at start-up and every
-`reconcile_interval_s` enqueues files whose events were missed or that landed while the
-daemon was down. Names starting with `.` or `_`, temporary suffixes and CDM documents are
-never data.
+as finished once its mtime is `settle_s` old. A file deleted or moved away is enqueued as a
+removal, once the inbox holds it. A listing at start-up and every `reconcile_interval_s`
+enqueues files whose events were missed or that landed while the daemon was down, and the
+removal of each file the inbox holds that the listing no longer finds. Names starting with `.`
+or `_` (files or folders), temporary suffixes and CDM documents are never data.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from watchdog.events import (
     FileClosedEvent,
     FileCreatedEvent,
+    FileDeletedEvent,
     FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
@@ -43,16 +45,22 @@ _log = log.get(__name__)
 warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
 
 
+def shown(path: str) -> str:
+    """The path as the inbox records it: valid UTF-8, so patterns still match it."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "replace")
+
+
 def landed(path: str, root: str, follow_symlinks: bool) -> FileEvent:
     """The file as the inbox records it. One that cannot be taken (a name that is not UTF-8, a link, a FIFO, a
     socket, …) is recorded with the reason, and goes to quarantine unread: it is never opened here, since opening
     a FIFO blocks and a link may lead anywhere. Raises OSError (FileNotFoundError: gone)."""
     st = os.lstat(path)
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", "replace")  # valid UTF-8, and patterns still match it
-        return FileEvent(shown, st.st_size, st.st_mtime_ns, problem="the file name is not valid UTF-8; rename it")
+    if (name := shown(path)) != path:
+        return FileEvent(name, st.st_size, st.st_mtime_ns, problem="the file name is not valid UTF-8; rename it")
     problem = ""
     if stat.S_ISLNK(st.st_mode):
         real = os.path.realpath(path)
@@ -95,8 +103,9 @@ class _Handler(FileSystemEventHandler):
         if event.is_directory:
             return
         if isinstance(event, FileMovedEvent):
+            self._source.note(str(event.src_path))  # gone from there (a removal, if the inbox holds it)
             self._source.note(str(event.dest_path))
-        elif isinstance(event, FileClosedEvent | FileCreatedEvent):
+        elif isinstance(event, FileClosedEvent | FileCreatedEvent | FileDeletedEvent):
             self._source.note(str(event.src_path))
         elif isinstance(event, FileModifiedEvent):
             self._source.touch(str(event.src_path))
@@ -121,7 +130,10 @@ class LocalDirSource(Source):
         self._thread = threading.Thread(target=self._loop, name=f"source-{entity}", daemon=True)
 
     def _wanted(self, path: str) -> bool:
-        return is_data_file(path) and not path.startswith(self._excluded)
+        if not is_data_file(path) or path.startswith(self._excluded):
+            return False
+        folders = os.path.relpath(os.path.dirname(path), self.root)
+        return folders == "." or not any(f.startswith((".", "_")) for f in folders.split(os.sep))
 
     def note(self, path: str) -> None:
         """Something happened to a file: look at it once it has been quiet for quiet_s.
@@ -139,12 +151,18 @@ class LocalDirSource(Source):
             if path in self._pending:
                 self._pending[path] = time.monotonic() + self._quiet_s
 
+    def _gone(self, path: str) -> FileEvent | None:
+        """The removal of a file that is gone, if the inbox holds it."""
+        if os.path.lexists(path) or not self._inbox.present(shown(path)):
+            return None
+        return FileEvent(shown(path), 0, time.time_ns(), removed=True)
+
     def _look(self, path: str) -> FileEvent | None:
-        """The file if nobody writes it; None if it is gone, still written, or must settle longer."""
+        """The file if nobody writes it, or its removal; None if still written, or it must settle longer."""
         try:
             event = landed(path, str(self.root), self._follow)
         except FileNotFoundError:
-            return None
+            return self._gone(path)
         except OSError as exc:  # e.g. a name too long, a folder on the way that may not be read
             _log.warning("file.unlistable", entity=self.entity, file=os.fsencode(path).decode("utf-8", "replace"),
                          error=str(exc))
@@ -154,7 +172,7 @@ class LocalDirSource(Source):
         try:
             writing = being_written(path)
         except FileNotFoundError:
-            return None
+            return self._gone(path)
         except OSError:
             writing = None  # e.g. no permission to open it: the batch says so in quarantine, once it settled
         if writing is None:  # no lease here: wait until size and mtime stood still for settle_s
@@ -168,7 +186,8 @@ class LocalDirSource(Source):
     def _offer(self, events: list[FileEvent]) -> int:
         added = self._inbox.offer(events)
         for rec in added:
-            _log.info("file.enqueued", entity=self.entity, file=rec.path, offset=rec.offset, size=rec.size)
+            _log.info("file.removed" if rec.removed else "file.enqueued", entity=self.entity, file=rec.path,
+                      offset=rec.offset, size=rec.size)
         return len(added)
 
     def _due(self) -> None:
@@ -191,16 +210,20 @@ class LocalDirSource(Source):
         self._thread.start()
 
     def reconcile(self) -> int:
-        """Enqueue finished files the inbox has not seen; files still being written wait for their close."""
-        finished = []
+        """Enqueue finished files the inbox has not seen (files still being written wait for their close), and
+        the removal of files it holds that are gone."""
+        finished, there = [], set()
         for folder, dirs, files in os.walk(self.root):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
             for name in files:
                 path = os.path.join(folder, name)
+                there.add(shown(path))
                 if self._wanted(path) and (event := self._look(path)) is not None:
                     finished.append(event)
         finished.sort(key=lambda e: (e.mtime_ns, e.path))
-        return self._offer(finished)
+        missing = sorted(p for p in self._inbox.listed(str(self.root)) if p not in there and self._wanted(p))
+        gone = [e for e in map(self._gone, missing) if e is not None]
+        return self._offer(finished + gone)
 
     def failure(self) -> str | None:
         if self._stop.is_set() or not self._thread.is_alive() and self._thread.ident is None:

@@ -4,8 +4,9 @@ Sources append file events; the entity's streaming query reads them through a Sp
 data source, so how far it has read lives in Spark's checkpoint. Offsets are dense (the
 record's line number). A file is offered once per identity (path, size, mtime, etag, removed):
 the same file seen again by a notification and a listing is not enqueued twice, while a
-rewritten file (new size, mtime or ETag) is. Object stores also report removals; they travel
-the same way (`removed`), so the manifest learns of them in commit order.
+rewritten file (new size, mtime or ETag) is, and so is a file that comes back after its
+removal. Removals (object-store notifications, a local delete or move, a listing that no longer
+finds a file) travel the same way (`removed`), so the manifests learn of them in commit order.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Inbox:
         self.path = folder / LOG_NAME
         self._lock = threading.Lock()
         self._seen: set[tuple[str, int, int, str, bool]] = set()
+        self._removed: dict[str, bool] = {}  # path -> whether its last record is a removal
         self._count = 0
         self._repair_and_load()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -116,7 +118,19 @@ class Inbox:
         for line in complete.splitlines():
             rec = _parse(line)
             self._seen.add(rec.identity)
+            self._removed[rec.path] = rec.removed
         self._count = complete.count(b"\n")
+
+    def present(self, path: str) -> bool:
+        """Whether the path's last record says the file is there."""
+        with self._lock:
+            return self._removed.get(path) is False
+
+    def listed(self, under: str) -> list[str]:
+        """The paths under a folder whose last record says the file is there."""
+        prefix = under.rstrip(os.sep) + os.sep
+        with self._lock:
+            return [p for p, removed in self._removed.items() if not removed and p.startswith(prefix)]
 
     def offer(self, events: Iterable[FileEvent]) -> list[InboxRecord]:
         """Append the events not seen before, durably (one fsync), and return their records."""
@@ -125,13 +139,14 @@ class Inbox:
             lines = []
             stamp = clock.to_cdm(clock.now())
             for ev in events:
-                if ev.identity in self._seen:
-                    continue
+                if ev.identity in self._seen and (ev.removed or not self._removed.get(ev.path)):
+                    continue  # seen (a removal seen again is a duplicate; a file back after its removal is not)
                 rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag, ev.removed,
                                   ev.problem)
                 lines.append(_line(rec))
                 added.append(rec)
                 self._seen.add(ev.identity)
+                self._removed[ev.path] = ev.removed
             if lines:
                 os.write(self._fd, ("\n".join(lines) + "\n").encode())
                 os.fsync(self._fd)

@@ -3,8 +3,8 @@
 Layout under `<folder>/<path>` (path `.msc_manifests` by default), as MSC's ManifestMetadataProvider reads it:
 
     <version>/msc_manifest_index.json   {"version": "1", "format": "jsonl",
-                                         "parts": [{"path": "/<path>/.parts/msc_manifest_part000007.jsonl"}, …]}
-    <version>/lakefeed.json             what lakefeed applied up to (MSC reads only the index)
+                                         "parts": [{"path": "/<path>/.parts/msc_manifest_part000007.jsonl"}, …],
+                                         "lakefeed": {"applied": …}}   (MSC ignores keys it does not know)
     .parts/msc_manifest_partNNNNNN.jsonl {"key": …, "size_bytes": …, "last_modified": "…Z"} per line
 
 MSC takes the lexicographically last version folder, so version names are UTC times to the microsecond with one
@@ -32,7 +32,7 @@ from lakefeed import failpoints, log
 from lakefeed.config.manifests import MscManifest
 
 INDEX = "msc_manifest_index.json"
-SIDECAR = "lakefeed.json"
+STATE = "lakefeed"  # the index's key for how far the version applied
 PARTS = ".parts"  # a dot-name: never taken for a version
 _TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 _log = log.get(__name__)
@@ -77,6 +77,7 @@ class MscWriter:
         self._lines: dict[str, str] = {}  # key -> its line in that part
         self._kept: dict[str, set[str]] | None = None  # the versions kept -> the parts they list
         self._version = ""
+        self._folders: set[str] = set()  # local folders known to exist
         self._state = {"applied": -1, "since_compaction": 0, "next_part": 1}
 
     @property
@@ -117,16 +118,18 @@ class MscWriter:
         if compacting:
             kept = [k for name in sorted(parts) for k in parts[name] if k not in changed] + kept
             parts, since = {}, 0
-        fresh = list(dict.fromkeys([*kept, *changed]))
-        objects = {**{k: o for name in rewrite for k, o in self._parts[name].items()},
-                   **({k: o for part in self._parts.values() for k, o in part.items()} if compacting else {}),
-                   **changed}
-        added = []
-        for i in range(0, len(fresh), self.cfg.part_lines):
+        fresh = dict.fromkeys(kept)
+        fresh.update(changed)
+        objects = {}
+        for name in (self._parts if compacting else rewrite):
+            objects.update(self._parts[name])
+        objects.update(changed)
+        order, lines, added = list(fresh), self._lines, []
+        for i in range(0, len(order), self.cfg.part_lines):
             name = f"msc_manifest_part{state['next_part']:06d}.jsonl"
             state["next_part"] = int(state["next_part"]) + 1
-            keys = fresh[i:i + self.cfg.part_lines]
-            self._write(posixpath.join(self.base, PARTS, name), "\n".join(self._lines[k] for k in keys))
+            keys = order[i:i + self.cfg.part_lines]
+            self._write(posixpath.join(self.base, PARTS, name), "\n".join([lines[k] for k in keys]))
             parts[name] = {k: objects[k] for k in keys}
             added.append(name)
         failpoints.reached("msc.parts_written")
@@ -152,22 +155,25 @@ class MscWriter:
         return self._parts[part][key] if part is not None and self._parts is not None else None
 
     def _publish(self, parts: list[str], state: dict[str, int]) -> str:
-        """Write the version's sidecar and index; visible at once and whole (see the module's docstring)."""
+        """Write the version's index; visible at once and whole (see the module's docstring)."""
         now = datetime.now(UTC)
         if self._version:
             now = max(now, datetime.strptime(self._version, _TIME).replace(tzinfo=UTC) + timedelta(microseconds=1))
         version = now.strftime(_TIME)
-        index = {"version": "1", "parts": [{"path": f"/{self.cfg.path}/{PARTS}/{p}"} for p in parts], "format": "jsonl"}
+        index = {"version": "1", "parts": [{"path": f"/{self.cfg.path}/{PARTS}/{p}"} for p in parts], "format": "jsonl",
+                 STATE: state}
         folder = posixpath.join(self.base, f".{version}.tmp" if self._local else version)
-        self._write(posixpath.join(folder, SIDECAR), json.dumps(state))
-        self._write(posixpath.join(folder, INDEX), json.dumps(index))
+        self._write(posixpath.join(folder, INDEX), json.dumps(index), fresh_folder=True)
         if self._local:
             self.fs.move(folder, posixpath.join(self.base, version))
         return version
 
-    def _write(self, path: str, text: str) -> None:
-        if self._local:  # S3 has no folders (pyarrow would write marker objects)
-            self.fs.create_dir(posixpath.dirname(path), recursive=True)
+    def _write(self, path: str, text: str, fresh_folder: bool = False) -> None:
+        folder = posixpath.dirname(path)
+        if self._local and (fresh_folder or folder not in self._folders):  # S3 has none (pyarrow would write markers)
+            self.fs.create_dir(folder, recursive=True)
+            if not fresh_folder:
+                self._folders.add(folder)
         with self.fs.open_output_stream(path) as out:
             out.write(text.encode())
 
@@ -191,7 +197,7 @@ class MscWriter:
             folder = posixpath.join(self.base, version)
             try:
                 index = json.loads(self._read(posixpath.join(folder, INDEX)))
-                state = json.loads(self._read(posixpath.join(folder, SIDECAR)))
+                state = index[STATE]
                 parts, lines = {}, {}
                 for part in index["parts"]:
                     objects = {}
