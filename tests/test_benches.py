@@ -119,6 +119,15 @@ def check_msc_upkeep(r: dict[str, Any]) -> None:
     assert all(v["version_bytes"] < r["msc_generator"]["bytes"] for v in r["changes"].values())
 
 
+def check_manifest_check(r: dict[str, Any]) -> None:
+    completed(r)
+    assert set(r["sizes"]) == {"2000"}
+    size = r["sizes"]["2000"]
+    positive(r, "sizes.2000.floor_s", "sizes.2000.lakefeed.first_s", "sizes.2000.lakefeed.recheck_s",
+             "sizes.2000.sdk.check_s", "sizes.2000.first_over_floor", "sizes.2000.sdk_over_lakefeed")
+    assert size["lakefeed"]["manifest_bytes"] > 2000 * 100  # every file a partition
+
+
 def check_push_api(r: dict[str, Any]) -> None:
     completed(r)
     phases = {"1", "100", "10000", "10000_ndjson", "10000_arrow"}
@@ -173,6 +182,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "ingest_files": check_ingest_files,
     "kafka_ingest": check_kafka_ingest,
     "lifecycle": check_lifecycle,
+    "manifest_check": check_manifest_check,
     "msc_upkeep": check_msc_upkeep,
     "push_api": check_push_api,
     "read_engines": check_read_engines,

@@ -27,10 +27,13 @@ def test_times_propagate_from_partitions_to_entity_to_manifest():
     assert entity["lastFileModifiedTime"] == "2024-03-01T00:00:00.000Z"  # the schema document's time
     assert entity["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
     assert doc["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
-    assert doc["lastFileStatusCheckTime"] == checked == doc["lastFileModifiedTime"]
+    assert doc["lastFileStatusCheckTime"] == checked and "lastFileModifiedTime" not in doc  # no file time given
 
-    # a later check with an older file keeps the latest child time
-    apply(doc, entity, "2024-05-02T00:00:00.000Z", [_rec("d/c.csv", "2024-01-01T00:00:00.000Z")], None)
+    # a later check with an older file keeps the latest child time; the manifest's file time is set once
+    apply(doc, entity, "2024-05-02T00:00:00.000Z", [_rec("d/c.csv", "2024-01-01T00:00:00.000Z")], None,
+          "2024-05-01T11:00:00.000Z")
+    apply(doc, entity, "2024-05-03T00:00:00.000Z", [], None, "2024-05-02T11:00:00.000Z")
+    assert doc["lastFileModifiedTime"] == "2024-05-01T11:00:00.000Z"  # lakefeed's own rewrites do not count
     assert entity["lastChildFileModifiedTime"] == "2024-04-03T00:00:00.000Z"
     assert entity["lastFileModifiedTime"] == "2024-03-01T00:00:00.000Z"
 

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from lakefeed import clock
 from lakefeed.config import model as config
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
@@ -168,12 +169,14 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
              "dataPartitionPatterns": [{"name": "p", "rootLocation": "sales", "regularExpression": r"/(\w+)\.csv",
                                         "parameters": ["name"]}],
              "dataPartitions": [{"location": "sales/listed.csv", "arguments": [{"name": "name", "value": "LISTED"}],
-                                 "lastFileModifiedTime": "2020-01-01T00:00:00.000Z"}]},
+                                 "lastFileModifiedTime": "2020-01-01T00:00:00.000Z"},
+                                {"location": "sales/missing.csv"}]},
             {"type": "ReferencedEntity", "entityName": "Other", "entityPath": "other/x.manifest.cdm.json/Other"}],
         "relationships": [{"fromEntity": "a", "fromEntityAttribute": "b", "toEntity": "c", "toEntityAttribute": "d"}],
         "subManifests": [{"name": "sub", "definition": "sub/sub.manifest.cdm.json"}],
     }
     (landing / "default.manifest.cdm.json").write_text(json.dumps(manifest))
+    written = (landing / "default.manifest.cdm.json").stat().st_mtime_ns
     (landing / "sales.cdm.json").write_text(json.dumps({"jsonSchemaSemanticVersion": "1.0.0", "definitions": [
         {"entityName": "sales", "hasAttributes": [{"name": "id", "dataFormat": "Int64"},
                                                   {"name": "amount", "dataFormat": "Double"}]}]}))
@@ -194,11 +197,27 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
     assert parts["sales/listed.csv"]["lastFileModifiedTime"] > "2020-01-01T00:00:00.000Z"
     assert parts["sales/new.csv"]["arguments"] == [{"name": "name", "value": "new"}]
     # file times propagate upwards: partition -> entity -> manifest
-    child = max(p["lastFileModifiedTime"] for p in parts.values())
+    child = max(p["lastFileModifiedTime"] for p in parts.values() if "lastFileModifiedTime" in p)
     assert sales["lastChildFileModifiedTime"] == child
     assert doc["lastChildFileModifiedTime"] >= child
     assert sales["dataPartitionPatterns"][0]["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]
+    # a listed partition whose file is missing is checked all the same; the manifest's time is its file's
+    assert parts["sales/missing.csv"] == {"location": "sales/missing.csv",
+                                          "lastFileStatusCheckTime": sales["lastFileStatusCheckTime"]}
+    assert doc["lastFileModifiedTime"] == clock.to_cdm(clock.from_ns(written))
     assert doc["lastFileStatusCheckTime"] == sales["lastFileStatusCheckTime"]
+
+
+def test_an_entity_the_manifest_only_borrows_is_refused_with_what_to_do(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    manifest = {"manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0", "entities": [
+        {"type": "ReferencedEntity", "entityName": "sales", "entityPath": "other/x.manifest.cdm.json/sales"}]}
+    (landing / "default.manifest.cdm.json").write_text(json.dumps(manifest))
+    cfg = config.load(write_config(tmp_path, [entity_yaml(patterns=[])])).entities[0]
+    with pytest.raises(ManifestError, match="borrows entity 'sales' from other/x.manifest.cdm.json/sales"):
+        _prepared(cfg)
+    assert json.loads((landing / "default.manifest.cdm.json").read_text()) == manifest  # never written
 
 
 def _removal(inbox, path):

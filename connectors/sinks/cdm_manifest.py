@@ -99,13 +99,14 @@ def shape_fault(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def save(path: Path, doc: dict[str, Any]) -> None:
-    """Write the whole document to a temporary file beside it, fsync, then rename over it."""
+def save(path: Path, doc: dict[str, Any], compact: bool = False) -> None:
+    """Write the whole document to a temporary file beside it, fsync, then rename over it. `compact`: without
+    indentation, which json serializes in C (large manifests: a fraction of the time and size)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
+            f.write(json.dumps(doc, ensure_ascii=False, **({"separators": (",", ":")} if compact else {"indent": 2})))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -125,3 +126,13 @@ def find_entity(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
         if isinstance(entity, dict) and entity.get("entityName") == name:
             return entity
     return None
+
+
+def local_entity(doc: dict[str, Any], name: str, path: Path) -> dict[str, Any] | None:
+    """The entity lakefeed keeps in the manifest at `path`; a ManifestError if the manifest only borrows it."""
+    entity = find_entity(doc, name)
+    if entity is not None and entity.get("type") == "ReferencedEntity":
+        owner = entity.get("entityPath") or entity.get("entityDeclaration") or "another manifest"
+        raise ManifestError(f"manifest {path} borrows entity {name!r} from {owner} (a ReferencedEntity): lakefeed "
+                            "writes only entities a manifest owns; give the entity the manifest that owns it")
+    return entity

@@ -26,6 +26,7 @@ from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.errors import ManifestError
 
 METADATA_KEY = "lakefeed.partitions"
+COMPACT_ABOVE = 2000  # partitions in a manifest: written without indentation (C-fast, a fraction of the size)
 _locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
 _log = log.get(__name__)
 
@@ -71,7 +72,7 @@ def ensure_entity(cfg: EntityConfig) -> dict[str, Any]:
             doc = cdm_manifest.load(cfg.manifest)
         except FileNotFoundError:
             doc = cdm_manifest.new_manifest(cfg.manifest.name.removesuffix(".manifest.cdm.json"))
-        entity = cdm_manifest.find_entity(doc, cfg.name)
+        entity = cdm_manifest.local_entity(doc, cfg.name, cfg.manifest)
         if entity is not None:
             if cfg.patterns:
                 _log.warning("config.patterns_ignored", entity=cfg.name, manifest=str(cfg.manifest),
@@ -104,8 +105,10 @@ def partition_record(partition: Partition, mtime: str, removed: bool = False) ->
 
 
 def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: list[dict[str, Any]],
-          schema_mtime: str | None) -> None:
-    """Bring an entity declaration (inside `doc`) up to date with ingested partitions at time `checked`."""
+          schema_mtime: str | None, manifest_mtime: str | None = None) -> None:
+    """Bring an entity declaration (inside `doc`) up to date with ingested partitions at time `checked`.
+    `manifest_mtime`, the time of the manifest's file, becomes its `lastFileModifiedTime` if it has none (as the
+    CDM SDK: lakefeed's own rewrites, which bring times and partitions current, are not counted)."""
     index: dict[str, dict[str, Any]] = {}
     for key in ("dataPartitions", "incrementalPartitions"):
         for decl in entity.get(key) or ():
@@ -142,10 +145,30 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
     _set_time(entity, "lastFileModifiedTime", clock.latest(entity.get("lastFileModifiedTime"), schema_mtime))
     _set_time(entity, "lastChildFileModifiedTime", clock.latest(entity.get("lastChildFileModifiedTime"), *children))
     _set_time(doc, "lastFileStatusCheckTime", checked)
-    _set_time(doc, "lastFileModifiedTime", checked)  # the manifest document itself is being saved now
+    if not doc.get("lastFileModifiedTime"):
+        _set_time(doc, "lastFileModifiedTime", manifest_mtime)
     _set_time(doc, "lastChildFileModifiedTime", clock.latest(
         doc.get("lastChildFileModifiedTime"), entity.get("lastChildFileModifiedTime"),
         entity.get("lastFileModifiedTime")))
+
+
+def check_listed(entity: dict[str, Any], folder: Path, owned: set[str], checked: str) -> None:
+    """Check the files of the partitions the manifest lists itself (not lakefeed's): each gets the check time,
+    whether or not its file is there (as the CDM SDK records the check), and the file's time when it is."""
+    for key in ("dataPartitions", "incrementalPartitions"):
+        for decl in entity.get(key) or ():
+            location = decl.get("location") if isinstance(decl, dict) else None
+            if not isinstance(location, str) or not location or normalize_location(location) in owned:
+                continue
+            if ":" in location.split("/", 1)[0] and not location.startswith("local:"):
+                continue  # another namespace: not here to check
+            decl["lastFileStatusCheckTime"] = checked
+            try:
+                mtime = (folder / normalize_location(location)).stat().st_mtime_ns
+            except OSError:
+                continue
+            decl["lastFileModifiedTime"] = clock.latest(decl.get("lastFileModifiedTime"),
+                                                        clock.to_cdm(clock.from_ns(mtime)))
 
 
 def _pattern_traits(entity: dict[str, Any], pattern_name: str | None, kind: str | None) -> list[Any]:
@@ -227,13 +250,16 @@ class ManifestKeeper:
             if latest is None or latest <= applied:
                 return 0
             doc = cdm_manifest.load(self.cfg.manifest)
-            entity = cdm_manifest.find_entity(doc, self.cfg.name)
+            entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest)
             if entity is None:
                 raise ManifestError(f"manifest {self.cfg.manifest} no longer declares entity {self.cfg.name!r}")
-            written = 0
+            written, checked = 0, None
+            stamp = manifest_stamp(self.cfg.manifest)
+            manifest_mtime = clock.to_cdm(clock.from_ns(stamp[0])) if stamp else None
             for commit in commits:
                 batch = json.loads(commit[METADATA_KEY])
-                apply(doc, entity, batch["checked"], batch["partitions"], self._schema_mtime(entity))
+                checked = batch["checked"]
+                apply(doc, entity, checked, batch["partitions"], self._schema_mtime(entity), manifest_mtime)
                 for p in batch["partitions"]:
                     if p.get("removed"):
                         owned.discard(normalize_location(p["location"]))
@@ -241,8 +267,10 @@ class ManifestKeeper:
                         owned.add(normalize_location(p["location"]))
                 written += len(batch["partitions"])
             changed = self._describe_schema(entity)  # first: the manifest points at it
-            if commits:
-                cdm_manifest.save(self.cfg.manifest, doc)
+            if checked is not None:
+                if getattr(self.cfg.source, "type", None) == "local_dir":  # partition files beside the manifest
+                    check_listed(entity, self.cfg.manifest.parent, owned, checked)
+                cdm_manifest.save(self.cfg.manifest, doc, compact=_partitions(doc) > COMPACT_ABOVE)
                 changed.append(self.cfg.manifest)
                 failpoints.reached("manifest.written")
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
@@ -284,6 +312,11 @@ class ManifestKeeper:
         state = {"applied_version": version, "owned": sorted(owned), "entity": entity}
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self._state_path)
+
+
+def _partitions(doc: dict[str, Any]) -> int:
+    return sum(len(e.get(k) or ()) for e in doc.get("entities") or () if isinstance(e, dict)
+               for k in ("dataPartitions", "incrementalPartitions"))
 
 
 def manifest_stamp(path: Path) -> tuple[int, int] | None:

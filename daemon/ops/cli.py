@@ -48,10 +48,33 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     show.add_argument("--entity", action="append", help="only this entity (repeatable)")
     show.add_argument("--json", action="store_true", help="print the manifest's entity objects as JSON")
+    check = m_sub.add_parser("check", help="bring a CDM folder's manifest tree current once (as the CDM SDK's "
+                             "fileStatusCheck), print what was done as JSON, and exit")
+    check.add_argument("root_manifest", help="the root *.manifest.cdm.json")
+    check.add_argument("--precedence", choices=("spec", "sdk"), default="spec",
+                       help="which of several matching patterns finds a file: the last (spec) or the first (sdk)")
     cfg = sub.add_parser("config", help="about the configuration")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     cfg_sub.add_parser("schema", help="print the config's JSON Schema")
     return parser
+
+
+def _check_manifest(root: Path, precedence: str) -> int:
+    from lakefeed.errors import ManifestError
+    from lakefeed.manifests.cdm_check import check
+
+    log.configure("WARNING")  # stdout is the report's
+    try:
+        report = check(root, precedence)  # type: ignore[arg-type]
+    except FileNotFoundError as exc:
+        print(f"lakefeed: no manifest at {exc.filename or root}: give the path of a *.manifest.cdm.json",
+              file=sys.stderr)
+        return 2
+    except ManifestError as exc:
+        print(f"lakefeed: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict()))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         token = secrets.token_urlsafe(32)
         print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
         return 0
+    if args.command == "manifest" and args.manifest_command == "check":
+        return _check_manifest(Path(args.root_manifest), args.precedence)
     if args.command == "validate":
         try:
             config.load(args.file)

@@ -201,7 +201,7 @@ class EntityPipeline:
         checked_at = clock.now()
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
         doc = cdm_manifest.load(self.cfg.manifest)
-        entity = cdm_manifest.find_entity(doc, self.cfg.name) or {}
+        entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
         discovery = Discovery.from_entity(entity, self.keeper.owned())
         siblings = _Siblings(doc, self.cfg.name)
         target = self.sinks.table.schema() or self._declared_schema(entity)

@@ -1,0 +1,355 @@
+"""`lakefeed manifest check`: bring a CDM folder's manifest tree current once, like the CDM SDK's fileStatusCheck.
+
+For folders that no daemon watches. From a root `*.manifest.cdm.json`:
+
+- each local entity's patterns find new partitions in its folders, listed once per folder (one `os.scandir` walk
+  and one `stat` per file, shared by every pattern and entity under it); every partition's file is checked, and
+  gets `lastFileStatusCheckTime` even when its file is missing;
+- each referenced entity's declaration gets the time of the manifest document it points at, which is only read;
+- each sub-manifest is checked in its own file, its declaration gets its document's time, and every manifest's
+  `lastChildFileModifiedTime` reaches the root;
+- a manifest is rewritten (atomically) only when something other than a check time changed.
+
+`precedence` says which pattern finds a file that several match: `spec` (the last processed, one partition per
+file) or `sdk` (as CDM SDK 1.7: per list, data and incremental, the first pattern to find the file).
+docs/cdm-discovery.md lists where lakefeed departs from the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from lakefeed import clock, log
+from lakefeed.batch.discovery import INCREMENTAL_TRAIT, MATCH_TIME_LIMIT_S, Pattern, pattern_from_json
+from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.errors import ManifestError
+
+Precedence = Literal["spec", "sdk"]
+PATTERN_NAME_ARGUMENT = "incrementPartitionPatternName"
+COMPACT_ABOVE = 2000  # partitions in a document: written without indentation (a fraction of the time and size)
+_log = log.get(__name__)
+
+
+@dataclass
+class Report:
+    """What a check did: per manifest, whether it was written and how many partitions it found."""
+
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    files_listed: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"manifests": self.manifests, "files_listed": self.files_listed, "seconds": round(self.seconds, 4)}
+
+
+class _Doc:
+    """One manifest document being checked: its JSON, and whether anything but a check time changed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.doc = cdm_manifest.load(path)
+        self.stat = path.stat()
+        self.changed = False
+        self.added = 0
+
+    def set(self, obj: dict[str, Any], key: str, value: str | None) -> None:
+        if value is not None and obj.get(key) != value:
+            obj[key] = value
+            self.changed = True
+
+
+class _Stamps:
+    """CDM times of file mtimes, fast: one formatted second per distinct second."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, str] = {}
+
+    def __call__(self, mtime_ns: int) -> str:
+        second, rest = divmod(mtime_ns, 1_000_000_000)
+        prefix = self._seconds.get(second)
+        if prefix is None:
+            prefix = self._seconds[second] = clock.to_cdm(datetime.fromtimestamp(second, UTC))[:-5]
+        return f"{prefix}.{rest // 1_000_000:03d}Z"
+
+
+def _later(a: str | None, b: str | None) -> str | None:
+    """The later of two CDM times; plain string order where both are in the form lakefeed writes."""
+    if a and b and len(a) == len(b) == 24 and a[-1] == b[-1] == "Z":
+        return a if a >= b else b
+    return clock.latest(a, b)
+
+
+class CdmCheck:
+    def __init__(self, root_manifest: Path, precedence: Precedence = "spec") -> None:
+        self.root = root_manifest.resolve()
+        self.corpus = str(self.root.parent)  # the `local:` namespace, and what `/…` paths start from
+        self.precedence = precedence
+        self.now = clock.to_cdm(clock.now())
+        self._stamp = _Stamps()
+        self._listings: dict[str, list[tuple[str, int]]] = {}  # folder -> ("/relative/path", mtime_ns), os.walk order
+        self._mtimes: dict[str, int] = {}  # every listed file's path -> mtime_ns
+        self._seen: set[Path] = set()
+        self.report = Report()
+
+    def run(self) -> Report:
+        started = time.perf_counter()
+        self._manifest(self.root)
+        self.report.seconds = time.perf_counter() - started
+        return self.report
+
+    # -- paths and files ---------------------------------------------------------------------------------------
+
+    def _resolve(self, corpus_path: str, base: str) -> str | None:
+        """A corpus path as a local path: `local:/x` and `/x` from the corpus root, others from `base`; None for
+        another namespace (`remote:/…`, `adls:/…`), which nothing here can reach."""
+        if corpus_path.startswith("local:"):
+            corpus_path = corpus_path[len("local:"):]
+        elif ":" in corpus_path.split("/", 1)[0]:
+            return None
+        path = (self.corpus + "/" + corpus_path.lstrip("/")) if corpus_path.startswith("/") else \
+            (base + "/" + corpus_path)
+        return os.path.normpath(path) if "/." in path or "//" in path or path.endswith("/") else path
+
+    def _mtime(self, path: str) -> int | None:
+        mtime = self._mtimes.get(path)
+        if mtime is not None or any(path.startswith(folder + "/") for folder in self._listings):
+            return mtime  # a listed folder says whether the file is there
+        try:
+            return os.stat(path).st_mtime_ns
+        except OSError:
+            return None
+
+    def _files(self, folder: str) -> list[tuple[str, int]]:
+        """Every file under a folder as ("/relative/path", mtime_ns), in os.walk's order (as the SDK lists)."""
+        if folder in self._listings:
+            return self._listings[folder]
+        for listed, files in self._listings.items():
+            if folder.startswith(listed + "/"):  # a folder inside one listed already: no second walk
+                prefix = folder[len(listed):] + "/"
+                cut = len(prefix) - 1
+                out = [(k[cut:], m) for k, m in files if k.startswith(prefix)]
+                self._listings[folder] = out
+                return out
+        out = []
+        stack = [(folder, "")]
+        while stack:
+            path, rel = stack.pop()
+            folders = []
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append((entry.path, f"{rel}/{entry.name}"))
+                    else:
+                        out.append((f"{rel}/{entry.name}", entry.stat().st_mtime_ns))
+                except OSError:  # gone, or a link to nothing: as the SDK, not a file
+                    continue
+            stack.extend(reversed(folders))  # top-down, in scandir order, as os.walk
+        self._mtimes.update((folder + rel, mtime) for rel, mtime in out)
+        self.report.files_listed += len(out)
+        self._listings[folder] = out
+        return out
+
+    # -- manifests ---------------------------------------------------------------------------------------------
+
+    def _manifest(self, path: Path) -> tuple[str | None, str | None]:
+        """Check one manifest and its sub-manifests; return its (lastFileModifiedTime, lastChildFileModifiedTime)."""
+        path = path.resolve()
+        if path in self._seen:  # a cycle of sub-manifests
+            _log.warning("manifest.cycle", manifest=str(path))
+            return None, None
+        self._seen.add(path)
+        m = _Doc(path)
+        doc, base = m.doc, str(path.parent)
+        doc["lastFileStatusCheckTime"] = self.now
+        if not doc.get("lastFileModifiedTime"):  # as the SDK: the document's time when first checked
+            m.set(doc, "lastFileModifiedTime", self._stamp(m.stat.st_mtime_ns))
+        child = doc.get("lastChildFileModifiedTime")
+        for entity in doc.get("entities") or ():
+            if not isinstance(entity, dict):
+                continue
+            if entity.get("type") == "ReferencedEntity":
+                child = _later(child, self._referenced(m, entity, base))
+            else:
+                child = _later(child, self._local(m, entity, base))
+        for sub in doc.get("subManifests") or ():
+            if isinstance(sub, dict) and isinstance(sub.get("definition"), str):
+                child = _later(child, self._sub_manifest(m, sub, base))
+        m.set(doc, "lastChildFileModifiedTime", child)
+        if m.changed:
+            partitions = sum(len(e.get(k) or ()) for e in doc.get("entities") or () if isinstance(e, dict)
+                             for k in ("dataPartitions", "incrementalPartitions"))
+            cdm_manifest.save(path, doc, compact=partitions > COMPACT_ABOVE)
+            _log.info("manifest.checked", manifest=str(path), partitions_added=m.added, written=True)
+        self.report.manifests.append({"manifest": str(path), "written": m.changed, "partitions_added": m.added})
+        return doc.get("lastFileModifiedTime"), doc.get("lastChildFileModifiedTime")
+
+    def _sub_manifest(self, m: _Doc, sub: dict[str, Any], base: str) -> str | None:
+        sub["lastFileStatusCheckTime"] = self.now
+        path = self._resolve(sub["definition"], base)
+        if path is None or not os.path.isfile(path):
+            _log.warning("manifest.sub_manifest_missing", manifest=str(m.path), definition=sub["definition"])
+            return None
+        try:
+            _, child = self._manifest(Path(path))
+        except ManifestError as exc:  # the rest of the tree is still checked
+            _log.error("manifest.sub_manifest_unreadable", manifest=str(m.path), error=str(exc))
+            self.report.manifests.append({"manifest": path, "error": str(exc)})
+            return None
+        m.set(sub, "lastFileModifiedTime", _later(sub.get("lastFileModifiedTime"),
+                                                  self._stamp(os.stat(path).st_mtime_ns)))
+        return _later(sub.get("lastFileModifiedTime"), child)
+
+    def _referenced(self, m: _Doc, entity: dict[str, Any], base: str) -> str | None:
+        """A borrowed entity: the time of the manifest that owns it, which is read, never written."""
+        entity["lastFileStatusCheckTime"] = self.now
+        target = str(entity.get("entityPath") or entity.get("entityDeclaration") or "")
+        document = target[: target.index(".cdm.json") + len(".cdm.json")] if ".cdm.json" in target else ""
+        path = self._resolve(document, base) if document else None
+        mtime = self._mtime(path) if path is not None else None
+        if mtime is None:
+            _log.warning("manifest.reference_unreachable", manifest=str(m.path), entity=entity.get("entityName"),
+                         entity_path=target)
+            return None
+        m.set(entity, "lastFileModifiedTime", _later(entity.get("lastFileModifiedTime"), self._stamp(mtime)))
+        return entity.get("lastFileModifiedTime")
+
+    # -- local entities ----------------------------------------------------------------------------------------
+
+    def _local(self, m: _Doc, entity: dict[str, Any], base: str) -> str | None:
+        """Find new partitions, check every partition's file; return the entity's latest time for its manifest."""
+        data = entity.get("dataPartitions") or []
+        incremental = entity.get("incrementalPartitions") or []
+        known = ({self._key(p.get("location"), base) for p in data if isinstance(p, dict)},
+                 {self._key(p.get("location"), base) for p in incremental if isinstance(p, dict)})
+        for key in ("dataPartitionPatterns", "incrementalPartitionPatterns"):
+            for pattern in entity.get(key) or ():
+                if isinstance(pattern, dict):
+                    pattern["lastFileStatusCheckTime"] = self.now
+        new: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+        for found, is_incremental in self._discover(entity, base, known):  # first: it lists the folders
+            new[is_incremental].append(found)
+        child = entity.get("lastChildFileModifiedTime")
+        now, stamp, later = self.now, self._stamp, _later
+        for partition in (*data, *incremental):  # those listed before: checked, whether or not their file is there
+            if not isinstance(partition, dict):
+                continue
+            partition["lastFileStatusCheckTime"] = now
+            location = partition.get("location")
+            path = self._resolve(location, base) if isinstance(location, str) and location else None
+            mtime = self._mtime(path) if path is not None else None
+            if mtime is not None:
+                m.set(partition, "lastFileModifiedTime", later(partition.get("lastFileModifiedTime"), stamp(mtime)))
+            child = later(child, partition.get("lastFileModifiedTime"))
+        for found in (*new[0], *new[1]):
+            child = later(child, found["lastFileModifiedTime"])
+        if new[0]:
+            entity["dataPartitions"] = [*data, *new[0]]
+        if new[1]:
+            entity["incrementalPartitions"] = [*incremental, *new[1]]
+        if new[0] or new[1]:
+            m.added += len(new[0]) + len(new[1])
+            m.changed = True
+        entity["lastFileStatusCheckTime"] = now
+        schema = self._schema_document(entity, base)
+        if schema is not None and (mtime := self._mtime(schema)) is not None:
+            m.set(entity, "lastFileModifiedTime", later(entity.get("lastFileModifiedTime"), stamp(mtime)))
+        m.set(entity, "lastChildFileModifiedTime", child)
+        return later(entity.get("lastChildFileModifiedTime"), entity.get("lastFileModifiedTime"))
+
+    def _schema_document(self, entity: dict[str, Any], base: str) -> str | None:
+        path = str(entity.get("entityPath") or entity.get("entitySchema") or "")
+        if ".cdm.json" not in path:
+            return None
+        return self._resolve(path[: path.index(".cdm.json") + len(".cdm.json")], base)
+
+    def _key(self, location: Any, base: str) -> str | None:
+        return self._resolve(location, base) if isinstance(location, str) and location else None
+
+    def _discover(self, entity: dict[str, Any], base: str, known: tuple[set[Any], set[Any]]):
+        """(new partition, is incremental) for files the patterns find that no partition lists yet."""
+        patterns: list[tuple[dict[str, Any], Pattern, bool]] = []
+        for key, is_incremental in (("dataPartitionPatterns", False), ("incrementalPartitionPatterns", True)):
+            for decl in entity.get(key) or ():
+                if isinstance(decl, dict) and (pattern := pattern_from_json(decl, is_incremental)) is not None:
+                    patterns.append((decl, pattern, is_incremental))
+        winners: dict[str, tuple[_Maker, str, Any, int]] = {}
+        for decl, pattern, is_incremental in patterns:
+            root_location = pattern.root_location[:-1] if pattern.root_location.endswith("/") else \
+                pattern.root_location
+            folder = self._resolve(root_location, base) if root_location else base
+            if folder is None:
+                continue
+            make = _Maker(decl, pattern, is_incremental, self.now, self._stamp)
+            fullmatch, sdk = pattern.expression.fullmatch, self.precedence == "sdk"
+            mine, other = known[is_incremental], known[not is_incremental]
+            for name, mtime in self._files(folder):
+                key = folder + name
+                if key in mine or not sdk and key in other:
+                    continue  # listed already: inferred partitions never replace one
+                try:
+                    match = fullmatch(name, timeout=MATCH_TIME_LIMIT_S)
+                except TimeoutError:
+                    _log.warning("pattern.timed_out", pattern=pattern.name, file=name, limit_s=MATCH_TIME_LIMIT_S)
+                    continue
+                if match is None:
+                    continue
+                location = root_location + name if root_location else name[1:]  # the SDK's, or the folder's
+                if sdk:
+                    mine.add(key)
+                    yield make(location, match, mtime), is_incremental
+                else:
+                    winners[key] = (make, location, match, mtime)
+        for make, location, match, mtime in winners.values():
+            yield make(location, match, mtime), make.incremental
+
+
+class _Maker:
+    """Partitions as the SDK makes them from one pattern: the location, the pattern's specialized schema, its
+    traits (the incremental one naming the pattern; one list shared by them all), the captured arguments, and the
+    file's time."""
+
+    def __init__(self, decl: dict[str, Any], pattern: Pattern, incremental: bool, now: str, stamp: _Stamps) -> None:
+        self.incremental, self._now, self._stamp = incremental, now, stamp
+        self._schema = decl.get("specializedSchema")
+        self._parameters = pattern.parameters
+        self._groups = min(pattern.expression.groups or 0, len(pattern.parameters))
+        traits = json.loads(json.dumps(decl.get("exhibitsTraits") or []))
+        if incremental:
+            for trait in traits:
+                if isinstance(trait, dict) and trait.get("traitReference") == INCREMENTAL_TRAIT:
+                    args = trait.get("arguments")
+                    if isinstance(args, list):
+                        args.append({"name": PATTERN_NAME_ARGUMENT, "value": pattern.name})
+        self._traits = traits
+
+    def __call__(self, location: str, match: Any, mtime: int) -> dict[str, Any]:
+        partition: dict[str, Any] = {"location": location}
+        if self._schema:
+            partition["specializedSchema"] = self._schema
+        if self._traits:
+            partition["exhibitsTraits"] = self._traits
+        arguments = []
+        for i in range(1, self._groups + 1):
+            captures = match.captures(i)
+            if not captures:
+                break
+            arguments.append({"name": self._parameters[i - 1], "value": captures[-1]})
+        if arguments:
+            partition["arguments"] = arguments
+        partition["lastFileStatusCheckTime"] = self._now
+        partition["lastFileModifiedTime"] = self._stamp(mtime)
+        return partition
+
+
+def check(root_manifest: Path, precedence: Precedence = "spec") -> Report:
+    return CdmCheck(root_manifest, precedence).run()

@@ -1,0 +1,294 @@
+"""`lakefeed manifest check` against Microsoft's CDM SDK fileStatusCheck on the same folders, and on trees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lakefeed.batch.discovery import Discovery
+from lakefeed.manifests.cdm_check import check
+from tests.cdm_sdk import _load
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+@pytest.fixture(autouse=True)
+def _utc():
+    """The SDK reads file times as local times and labels them UTC (fromtimestamp): compare where both agree."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def _sdk(root: Path, manifest: str) -> dict:
+    """What the SDK's fileStatusCheck (data and incremental) makes of a manifest, in comparable form."""
+    from cdm.objectmodel import CdmLocalEntityDeclarationDefinition
+    from cdm.utilities.time_utils import _get_formatted_date_string as stamp
+
+    doc = asyncio.run(_load(root, manifest, True, True))
+    entities = {}
+    for e in doc.entities:
+        if not isinstance(e, CdmLocalEntityDeclarationDefinition):
+            entities[e.entity_name] = {"lastFileModifiedTime": stamp(e.last_file_modified_time)}
+            continue
+        partitions = {}
+        for incremental, listed in ((False, e.data_partitions), (True, e.incremental_partitions)):
+            for p in listed:
+                traits = [(t.fetch_object_definition_name(), [(a.name, a.value) for a in t.arguments])
+                          for t in p.exhibits_traits]
+                args = {k: list(v) for k, v in p.arguments.items()}
+                partitions[(p.location, incremental)] = (args, traits, stamp(p.last_file_modified_time))
+        entities[e.entity_name] = {"partitions": partitions, "lastFileModifiedTime": stamp(e.last_file_modified_time)}
+    return {"entities": entities, "lastFileModifiedTime": stamp(doc.last_file_modified_time),
+            "lastChildFileModifiedTime": stamp(doc.last_child_file_modified_time),
+            "subManifests": {s.definition: stamp(s.last_file_modified_time) for s in doc.sub_manifests}}
+
+
+def _ours(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    entities = {}
+    for e in doc.get("entities", []):
+        if e.get("type") == "ReferencedEntity":
+            entities[e["entityName"]] = {"lastFileModifiedTime": e.get("lastFileModifiedTime")}
+            continue
+        partitions = {}
+        for incremental, key in ((False, "dataPartitions"), (True, "incrementalPartitions")):
+            for p in e.get(key, []):
+                traits = [(t["traitReference"], [(a["name"], a["value"]) for a in t.get("arguments", [])])
+                          for t in p.get("exhibitsTraits", [])]
+                args: dict[str, list[str]] = {}
+                for a in p.get("arguments", []):
+                    args.setdefault(a["name"], []).append(a["value"])
+                partitions[(p["location"], incremental)] = (args, traits, p.get("lastFileModifiedTime"))
+        entities[e["entityName"]] = {"partitions": partitions, "lastFileModifiedTime": e.get("lastFileModifiedTime")}
+    return {"entities": entities, "lastFileModifiedTime": doc.get("lastFileModifiedTime"),
+            "lastChildFileModifiedTime": doc.get("lastChildFileModifiedTime"),
+            "subManifests": {s["definition"]: s.get("lastFileModifiedTime") for s in doc.get("subManifests", [])}}
+
+
+def _land(root: Path, files: dict[str, int]) -> None:
+    for rel, ms in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("id\n1\n")
+        ns = BASE_NS + ms * 1_000_000
+        os.utime(path, ns=(ns, ns))
+
+
+def _checked_times(doc: dict) -> set[str]:
+    return {o["lastFileStatusCheckTime"] for o in _walk(doc) if "lastFileStatusCheckTime" in o}
+
+
+def _walk(obj):
+    if isinstance(obj, dict):
+        yield obj
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v)
+
+
+CSV_TRAIT = {"traitReference": "is.partition.format.CSV",
+             "arguments": [{"name": "columnHeaders", "value": "true"}, {"name": "delimiter", "value": ","}]}
+names = st.sampled_from(["a/f1.csv", "a/f2.csv", "a/g1.txt", "a/c/f3.csv", "a/c/d/f4.csv", "b/f1.csv", "b/g2.txt",
+                         "a/2024/01/f5.csv", "a/2024/02/f6.csv", "top.csv"])
+files = st.dictionaries(names, st.integers(0, 10_000_000), min_size=0, max_size=10)
+expressions = st.sampled_from([
+    ("glob", "/*.csv", []), ("glob", "/**/*.csv", []), ("glob", "/**", []), ("glob", "/c/*.csv", []),
+    ("glob", "/f?.csv", []), ("glob", "*/*.csv", []),
+    ("regex", "/(f)(\\d)\\.csv", ["letter", "digit"]), ("regex", "/(\\w+)/(f\\d)\\.csv", ["folder"]),
+    ("regex", ".*/(g)(\\d)\\.txt", ["g", "n", "extra"]), ("regex", "/(\\d{4})/(\\d{2})/[^/]+", ["year", "month"]),
+    ("regex", "/(?:(x)|f)(\\d)\\.csv", ["x", "d"]),
+])
+patterns = st.lists(st.tuples(st.sampled_from(["a", "a/", "b", "a/c"]), expressions,
+                              st.sampled_from([None, "Insert", "Upsert", "Delete"]), st.booleans()),
+                    min_size=1, max_size=4)
+
+
+def _manifest(pattern_list, explicit: list[str]) -> dict:
+    entity: dict = {"type": "LocalEntity", "entityName": "E", "entityPath": "E.cdm.json/E",
+                    "dataPartitionPatterns": [], "incrementalPartitionPatterns": []}
+    for i, (root, (kind, expression, parameters), incremental, csv) in enumerate(pattern_list):
+        decl: dict = {"name": f"p{i}", "rootLocation": root,
+                      "globPattern" if kind == "glob" else "regularExpression": expression}
+        if parameters:
+            decl["parameters"] = parameters
+        traits = [CSV_TRAIT] if csv else []
+        if incremental:
+            traits.append({"traitReference": "is.partition.incremental",
+                           "arguments": [{"name": "type", "value": incremental}]})
+        if traits:
+            decl["exhibitsTraits"] = traits
+        entity["incrementalPartitionPatterns" if incremental else "dataPartitionPatterns"].append(decl)
+    if explicit:
+        entity["dataPartitions"] = [{"location": loc} for loc in explicit]
+    return {"manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0", "entities": [entity]}
+
+
+SLOW = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=SLOW)
+@given(landed=files, pattern_list=patterns, explicit=st.lists(names, max_size=2, unique=True))
+def test_with_sdk_precedence_the_check_writes_what_the_sdk_finds(landed, pattern_list, explicit):
+    """Random folders and patterns: partitions (locations, arguments, traits, file times) and the manifest's times
+    equal the SDK's fileStatusCheck; a second check finds nothing to write."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _land(root, landed)
+        manifest = root / "default.manifest.cdm.json"
+        manifest.write_text(json.dumps(_manifest(pattern_list, explicit)))
+        expected = _sdk(root, manifest.name)  # read only: the SDK writes nothing unless saved
+        report = check(manifest, "sdk")
+        assert _ours(manifest) == expected
+        doc = json.loads(manifest.read_text())
+        assert all("lastFileStatusCheckTime" in p for e in doc["entities"]
+                   for p in e.get("dataPartitions", []) + e.get("incrementalPartitions", []))  # missing files too
+        assert report.manifests[0]["partitions_added"] == sum(
+            len(e["partitions"]) for e in expected["entities"].values()) - len(explicit)
+        stamp = manifest.stat().st_mtime_ns
+        again = check(manifest, "sdk")
+        assert [m["written"] for m in again.manifests] == [False] and manifest.stat().st_mtime_ns == stamp
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW)
+@given(landed=files, pattern_list=patterns)
+def test_with_spec_precedence_each_file_is_the_partition_the_daemon_would_discover(landed, pattern_list):
+    """One partition per file, of the last pattern processed, as the daemon's discovery finds it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _land(root, landed)
+        manifest = root / "default.manifest.cdm.json"
+        declared = _manifest(pattern_list, [])
+        manifest.write_text(json.dumps(declared))
+        discovery = Discovery.from_entity(declared["entities"][0])
+        expected = {}
+        for rel in landed:
+            found = discovery.match(rel)
+            if found is not None:
+                location = found.location.replace("//", "/")
+                expected[(location.rstrip("/"), found.incremental_type is not None)] = found.arguments
+        check(manifest, "spec")
+        partitions = _ours(manifest)["entities"]["E"]["partitions"]
+        assert {(loc, inc): args for (loc, inc), (args, _, _) in partitions.items()} == expected
+
+
+def _tree(root: Path) -> None:
+    """A root manifest with an entity (one explicit partition whose file is missing), an entity whose pattern finds
+    nothing, a referenced entity, and a sub-manifest with its own entity."""
+    _land(root, {"sales/2024/01/a.csv": 1000, "sales/2024/02/b.csv": 2000, "shop/orders/o1.csv": 3000,
+                 "other/x.csv": 0, "slow/aaaaaaaaaaaaaaaaaaaa!": 0})
+    (root / "other" / "other.manifest.cdm.json").write_text(json.dumps({
+        "manifestName": "other", "jsonSchemaSemanticVersion": "1.0.0",
+        "entities": [{"type": "LocalEntity", "entityName": "Borrowed", "entityPath": "Borrowed.cdm.json/Borrowed"}]}))
+    (root / "shop" / "shop.manifest.cdm.json").write_text(json.dumps({
+        "manifestName": "shop", "jsonSchemaSemanticVersion": "1.0.0",
+        "entities": [{"type": "LocalEntity", "entityName": "Orders", "entityPath": "Orders.cdm.json/Orders",
+                      "incrementalPartitionPatterns": [{
+                          "name": "orders", "rootLocation": "orders", "globPattern": "/*.csv",
+                          "exhibitsTraits": [{"traitReference": "is.partition.incremental",
+                                              "arguments": [{"name": "type", "value": "Upsert"}]}]}]}]}))
+    (root / "default.manifest.cdm.json").write_text(json.dumps({
+        "manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0",
+        "entities": [
+            {"type": "LocalEntity", "entityName": "Sales", "entityPath": "Sales.cdm.json/Sales",
+             "dataPartitions": [{"location": "sales/gone.csv"}],
+             "dataPartitionPatterns": [{"name": "monthly", "rootLocation": "sales", "parameters": ["year", "month"],
+                                        "regularExpression": "/(\\d{4})/(\\d{2})/[^/]+\\.csv",
+                                        "exhibitsTraits": [CSV_TRAIT]}]},
+            {"type": "LocalEntity", "entityName": "Slow", "entityPath": "Slow.cdm.json/Slow",
+             "dataPartitionPatterns": [{"name": "hostile", "rootLocation": "slow", "regularExpression": "/(a+)+$"}]},
+            {"type": "ReferencedEntity", "entityName": "Borrowed",
+             "entityPath": "other/other.manifest.cdm.json/Borrowed"}],
+        "subManifests": [{"manifestName": "shop", "definition": "shop/shop.manifest.cdm.json"}]}))
+
+
+def test_a_tree_is_checked_each_manifest_in_its_own_file_and_only_what_changed_is_written(tmp_path):
+    _tree(tmp_path)
+    root, sub = tmp_path / "default.manifest.cdm.json", tmp_path / "shop" / "shop.manifest.cdm.json"
+    borrowed = tmp_path / "other" / "other.manifest.cdm.json"
+    borrowed_before = (borrowed.read_bytes(), borrowed.stat().st_mtime_ns)
+    report = check(root)
+    assert {Path(m["manifest"]).name: (m["written"], m["partitions_added"]) for m in report.manifests} == {
+        "shop.manifest.cdm.json": (True, 1), "default.manifest.cdm.json": (True, 2)}
+    doc, sub_doc = json.loads(root.read_text()), json.loads(sub.read_text())
+    sales, slow, ref = doc["entities"]
+    assert sorted((p["location"], p.get("arguments")) for p in sales["dataPartitions"][1:]) == [
+        ("sales/2024/01/a.csv", [{"name": "year", "value": "2024"}, {"name": "month", "value": "01"}]),
+        ("sales/2024/02/b.csv", [{"name": "year", "value": "2024"}, {"name": "month", "value": "02"}])]
+    gone = sales["dataPartitions"][0]  # its file is missing: checked, with no file time
+    assert "lastFileStatusCheckTime" in gone and "lastFileModifiedTime" not in gone
+    assert sales["dataPartitions"][1]["exhibitsTraits"] == [CSV_TRAIT]  # readers need the format's arguments
+    assert "dataPartitions" not in slow  # a pattern that finds nothing adds no list
+    assert ref["lastFileModifiedTime"] and borrowed_before == (borrowed.read_bytes(), borrowed.stat().st_mtime_ns)
+    (orders,) = sub_doc["entities"][0]["incrementalPartitions"]
+    assert orders["location"] == "orders/o1.csv" and orders["exhibitsTraits"][0]["arguments"][-1] == {
+        "name": "incrementPartitionPatternName", "value": "orders"}
+    assert doc["subManifests"][0]["lastFileModifiedTime"] == _stamp_of(sub)
+    assert doc["lastChildFileModifiedTime"] == max(doc["subManifests"][0]["lastFileModifiedTime"],
+                                                   sub_doc["lastChildFileModifiedTime"], ref["lastFileModifiedTime"])
+    assert len(_checked_times(doc) | _checked_times(sub_doc)) == 1  # one check, one time
+    # The SDK, on the sub-manifest as a root of its own, finds the same.
+    assert _ours(sub)["entities"] == _sdk(tmp_path / "shop", sub.name)["entities"]
+
+    stamps = (root.stat().st_mtime_ns, sub.stat().st_mtime_ns)
+    assert not any(m["written"] for m in check(root).manifests)  # nothing changed: nothing written
+    assert stamps == (root.stat().st_mtime_ns, sub.stat().st_mtime_ns)
+
+    _land(tmp_path, {"shop/orders/o2.csv": 9_000_000})  # the newest file of the tree, in the sub-manifest
+    report = check(root)
+    assert {Path(m["manifest"]).name: (m["written"], m["partitions_added"]) for m in report.manifests} == {
+        "shop.manifest.cdm.json": (True, 1), "default.manifest.cdm.json": (True, 0)}
+    doc, sub_doc = json.loads(root.read_text()), json.loads(sub.read_text())
+    newest = [p for p in sub_doc["entities"][0]["incrementalPartitions"] if p["location"] == "orders/o2.csv"]
+    assert sub_doc["lastChildFileModifiedTime"] == newest[0]["lastFileModifiedTime"]
+    assert doc["subManifests"][0]["lastFileModifiedTime"] == _stamp_of(sub)  # the sub-manifest was rewritten
+    assert doc["lastChildFileModifiedTime"] >= sub_doc["lastChildFileModifiedTime"]
+
+
+def _stamp_of(path: Path) -> str:
+    from lakefeed import clock
+
+    return clock.to_cdm(clock.from_ns(path.stat().st_mtime_ns // 1_000_000 * 1_000_000))
+
+
+def test_a_broken_sub_manifest_is_reported_and_the_rest_of_the_tree_checked(tmp_path):
+    _tree(tmp_path)
+    (tmp_path / "shop" / "shop.manifest.cdm.json").write_text("{not json")
+    report = check(tmp_path / "default.manifest.cdm.json")
+    errors = [m for m in report.manifests if "error" in m]
+    assert len(errors) == 1 and "not valid JSON" in errors[0]["error"]
+    assert len(json.loads((tmp_path / "default.manifest.cdm.json").read_text())["entities"][0]["dataPartitions"]) == 3
+
+
+def test_the_command_prints_its_report_and_says_what_is_wrong(tmp_path):
+    _tree(tmp_path)
+    shutil.rmtree(tmp_path / "slow")
+    root = str(tmp_path / "default.manifest.cdm.json")
+    run = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "check", root, "--precedence", "sdk"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert sum(m["partitions_added"] for m in report["manifests"]) == 3
+    assert report["files_listed"] == 3  # only the folders under the patterns' roots are listed
+    missing = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "check", str(tmp_path / "nope.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no manifest at" in missing.stderr
