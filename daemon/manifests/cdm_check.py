@@ -339,11 +339,10 @@ class _Maker:
         if self._traits:
             partition["exhibitsTraits"] = self._traits
         arguments = []
-        for i in range(1, self._groups + 1):
-            captures = match.captures(i)
-            if not captures:
+        for name, value in zip(self._parameters, match.groups()[: self._groups], strict=False):
+            if value is None:  # a group that took no part: it and the rest give no argument
                 break
-            arguments.append({"name": self._parameters[i - 1], "value": captures[-1]})
+            arguments.append({"name": name, "value": value})  # a group's last capture, as the SDK takes
         if arguments:
             partition["arguments"] = arguments
         partition["lastFileStatusCheckTime"] = self._now
