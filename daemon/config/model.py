@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
+from lakefeed.config import cdm_root
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
 from lakefeed.config.limits import Limits
@@ -372,12 +373,20 @@ def load(path: str | Path) -> LakefeedConfig:
         raise ConfigError([f"{path}:{line}: (yaml): {getattr(exc, 'problem', exc)}"]) from exc
     if not isinstance(data, dict):
         raise ConfigError([f"{path}:1: (root): the config must be a mapping"])
+    origin: list[tuple[int, str | None]] = []
+    if isinstance(data.get("entities"), list):
+        try:
+            entities, origin = cdm_root.expand(data["entities"], path.parent.resolve())
+        except cdm_root.TreeError as exc:
+            loc = ("entities", exc.index, cdm_root.KEY)
+            raise ConfigError([f"{path}:{_line_of(node, loc)}: entities.{exc.index}.cdm_root: {exc}"]) from exc
+        data = {**data, "entities": entities}
     try:
         return LakefeedConfig.model_validate(data, context={"base_dir": path.parent.resolve()})
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = tuple(err["loc"])
+            loc = cdm_root.config_loc(tuple(err["loc"]), origin)
             field = ".".join(str(p) for p in loc) or "(root)"
             problems.append(f"{path}:{_line_of(node, loc)}: {field}: {err['msg']}")
         raise ConfigError(problems) from exc

@@ -1,0 +1,112 @@
+"""`cdm_root` entries: one config entry for a whole CDM manifest tree (docs/cdm-discovery.md).
+
+    entities:
+      - cdm_root: landing/default.manifest.cdm.json
+        defaults: {format: {kind: csv, header: false}}    # every entity found takes these
+        overrides: {Orders: {cdc: {strategy: upsert, primary_key: [Id]}}}
+
+Every local entity of the root manifest and of its sub-manifests (recursively) becomes an entity of lakefeed:
+named as in CDM, its manifest the document that declares it, its landing folder that document's folder, its
+patterns and schema document the manifest's own. Referenced entities are left out: a manifest only borrows
+them, and lakefeed writes only what a manifest owns. The tree is read each time the config is loaded, so an
+entity added to a manifest later joins at the next reload (SIGHUP).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+KEY = "cdm_root"
+_ALLOWED = {KEY, "defaults", "overrides"}
+
+
+class TreeError(ValueError):
+    """A cdm_root entry that cannot be expanded; the message says which file and what to do. `index`: the entry."""
+
+    def __init__(self, message: str, index: int = -1) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[int, str | None]]]:
+    """The entity list with each cdm_root entry replaced by the entities of its tree, and for each resulting
+    entry the index of the config entry it came from, with the entity's name if a tree gave it (for error
+    lines). Raises TreeError."""
+    out: list[Any] = []
+    origin: list[tuple[int, str | None]] = []
+    for i, raw in enumerate(entities):
+        if not (isinstance(raw, dict) and KEY in raw):
+            out.append(raw)
+            origin.append((i, None))
+            continue
+        try:
+            found = _entities_of(raw, base_dir)
+        except TreeError as exc:
+            raise TreeError(str(exc), i) from exc
+        out.extend(found)
+        origin.extend((i, e["name"]) for e in found)
+    return out, origin
+
+
+def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tuple[Any, ...]:
+    """An error's place in the config as written: an entity of a cdm_root tree is shown at its cdm_root entry,
+    e.g. `entities.0.cdm_root[Orders].cdc` (the line of that entry)."""
+    if loc[:1] != ("entities",) or len(loc) < 2 or not isinstance(loc[1], int) or loc[1] >= len(origin):
+        return loc
+    written, name = origin[loc[1]]
+    return ("entities", written, *((f"cdm_root[{name}]",) if name is not None else ()), *loc[2:])
+
+
+def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
+    unknown = sorted(set(raw) - _ALLOWED)
+    if unknown:
+        raise TreeError(f"unknown key(s) {', '.join(unknown)} beside cdm_root: use defaults (for every entity of "
+                        "the tree) or overrides (by entity name)")
+    defaults, overrides = raw.get("defaults") or {}, raw.get("overrides") or {}
+    if not isinstance(defaults, dict) or not isinstance(overrides, dict):
+        raise TreeError("defaults and overrides must be mappings")
+    root = Path(str(raw[KEY]))
+    root = (root if root.is_absolute() else base_dir / root).resolve()
+    found: list[dict[str, Any]] = []
+    for manifest, entity in _local_entities(root, root.parent, set()):
+        name = entity["entityName"]
+        entry = {**defaults, **(overrides.get(name) or {}), "name": name, "manifest": str(manifest)}
+        entry.setdefault("source", {"type": "local_dir", "path": str(manifest.parent)})
+        found.append(entry)
+    names = [e["name"] for e in found]
+    missing = sorted(set(overrides) - set(names))
+    if missing:
+        raise TreeError(f"overrides name entities the tree of {root} does not declare: {', '.join(missing)}")
+    if not found:
+        raise TreeError(f"{root} and its sub-manifests declare no local entity")
+    return found
+
+
+def _local_entities(path: Path, corpus: Path, seen: set[Path]):
+    """(manifest, entity declaration) for each local entity of a manifest and its sub-manifests; `corpus`, the
+    root manifest's folder, is where `/…` and `local:/…` paths start."""
+    if path in seen:
+        return
+    seen.add(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise TreeError(f"no manifest at {path}: give cdm_root the path of a *.manifest.cdm.json") from exc
+    except (OSError, ValueError) as exc:
+        raise TreeError(f"manifest {path} cannot be read: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise TreeError(f"manifest {path} is not a JSON object")
+    for entity in doc.get("entities") or ():
+        if isinstance(entity, dict) and entity.get("type") != "ReferencedEntity" and entity.get("entityName"):
+            yield path, entity
+    for sub in doc.get("subManifests") or ():
+        definition = sub.get("definition") if isinstance(sub, dict) else None
+        if not isinstance(definition, str):
+            continue
+        definition = definition.removeprefix("local:")
+        if ":" in definition.split("/", 1)[0]:
+            continue  # another namespace: nothing here can reach it
+        folder = corpus if definition.startswith("/") else path.parent
+        yield from _local_entities((folder / definition.lstrip("/")).resolve(), corpus, seen)
