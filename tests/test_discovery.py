@@ -149,8 +149,8 @@ def pattern_json(draw, name, roots=ROOTS):
     return {"name": name, "rootLocation": root, "globPattern": draw(st.sampled_from(GLOBS))}
 
 
-def reference(files, patterns, explicit):
-    """The spec's rules written as plainly as possible."""
+def reference(files, patterns, explicit, first_wins=False):
+    """The spec's rules (or, `first_wins`, the SDK's precedence) written as plainly as possible."""
     out = {}
     for f in files:
         if f in explicit:
@@ -170,6 +170,8 @@ def reference(files, patterns, explicit):
                         break
                     args[param] = [m.group(i)]
                 out[f] = (p["name"], args)
+                if first_wins:
+                    break
     return out
 
 
@@ -181,19 +183,22 @@ def test_discovery_matches_reference_model(files, patterns, data):
     explicit = {f: {"k": [f]} for f in explicit_files}
     entity = _entity(list(patterns), partitions=[{"location": f, "arguments": [{"name": "k", "value": f}]}
                                                  for f in explicit_files])
-    d = Discovery.from_entity(entity)
-    got = {}
-    for f in files:
-        p = d.match(f)
-        if p is not None:
-            got[f] = ("explicit" if p.explicit else p.pattern_name, p.arguments)
-    assert got == reference(files, list(patterns), explicit)
+    for precedence in ("spec", "sdk"):
+        d = Discovery.from_entity(entity, precedence=precedence)
+        got = {}
+        for f in files:
+            p = d.match(f)
+            if p is not None:
+                got[f] = ("explicit" if p.explicit else p.pattern_name, p.arguments)
+        assert got == reference(files, list(patterns), explicit, first_wins=precedence == "sdk"), precedence
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(files=paths, pattern=pattern_json("only", roots=[r for r in ROOTS if r]))  # the SDK requires a root
-def test_discovery_agrees_with_microsoft_cdm_sdk(files, pattern):
-    """One pattern (the SDK lets the first of several win, the spec the last): same partitions, same arguments."""
+@given(files=paths, patterns=st.lists(pattern_json("p", roots=[r for r in ROOTS if r]), min_size=1, max_size=3))
+def test_with_sdk_precedence_discovery_agrees_with_microsoft_cdm_sdk(files, patterns):
+    """Several data patterns (the SDK requires a root), `pattern_precedence: sdk`: same partitions, same
+    arguments, the same pattern for each file."""
+    patterns = [{**p, "name": f"p{i}"} for i, p in enumerate(patterns)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for f in files:
@@ -201,12 +206,12 @@ def test_discovery_agrees_with_microsoft_cdm_sdk(files, pattern):
             (root / f).write_text("x\n")
         manifest = {"manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0",
                     "entities": [{"type": "LocalEntity", "entityName": "e", "entityPath": "e.cdm.json/e",
-                                  "dataPartitionPatterns": [pattern]}]}
+                                  "dataPartitionPatterns": patterns}]}
         (root / "default.manifest.cdm.json").write_text(json.dumps(manifest))
         sdk, _ = cdm_sdk.partitions(root, status_check=True)
         expected = {loc.lstrip("/"): args for (loc, _), args in sdk["e"].items()
                     if not loc.endswith(".cdm.json")}
-    d = Discovery.from_entity(manifest["entities"][0])
+    d = Discovery.from_entity(manifest["entities"][0], precedence="sdk")
     got = {}
     for f in files:
         p = d.match(f)

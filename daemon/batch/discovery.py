@@ -6,7 +6,8 @@ path relative to `rootLocation`, written with a leading `/`; `globPattern` is pr
 `regularExpression`; captured groups become arguments for `parameters` in order, stopping
 at the first group that did not take part. Where the spec and the SDK disagree (which of
 several matching patterns wins) the spec is followed: the last pattern processed takes
-precedence. Explicitly listed partitions are never overwritten by inferred ones.
+precedence, unless the entity says `pattern_precedence: sdk` (the first). Explicitly listed
+partitions are never overwritten by inferred ones.
 See docs/cdm-discovery.md.
 """
 
@@ -166,14 +167,18 @@ def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern
 class Discovery:
     """Matches relative file paths (relative to the manifest folder) to partitions."""
 
-    def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[Partition] = ()) -> None:
+    def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[Partition] = (), first_wins: bool = False
+                 ) -> None:
         self.patterns = tuple(patterns)
+        self.first_wins = first_wins  # `pattern_precedence: sdk`: as the CDM SDK, the first pattern that matches
         self._explicit = {normalize_location(p.location): p for p in explicit}
         self.timed_out: dict[str, str] = {}  # path -> the pattern that took too long on it
 
     @classmethod
-    def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = ()) -> Discovery:
-        """From a local entity declaration; partitions whose locations lakefeed wrote are not explicit."""
+    def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = (), precedence: str = "spec"
+                    ) -> Discovery:
+        """From a local entity declaration; partitions whose locations lakefeed wrote are not explicit.
+        `precedence`: of several matching patterns the last processed wins (`spec`) or the first (`sdk`)."""
         patterns = [pattern_from_json(p, False) for p in entity.get("dataPartitionPatterns") or ()]
         patterns += [pattern_from_json(p, True) for p in entity.get("incrementalPartitionPatterns") or ()]
         explicit = []
@@ -184,7 +189,7 @@ class Discovery:
                     continue
                 kind = (_trait_args(decl, INCREMENTAL_TRAIT) or {}).get("type") if incremental else None
                 explicit.append(Partition(location, parse_arguments(decl.get("arguments")), kind, None, True))
-        return cls([p for p in patterns if p is not None], explicit)
+        return cls([p for p in patterns if p is not None], explicit, first_wins=precedence == "sdk")
 
     def match(self, relative_path: str) -> Partition | None:
         explicit = self._explicit.get(normalize_location(relative_path))
@@ -200,6 +205,8 @@ class Discovery:
                              limit_s=MATCH_TIME_LIMIT_S)
                 continue
             if partition is not None:
+                if self.first_wins:
+                    return partition
                 found = partition
         return found
 

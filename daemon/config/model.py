@@ -170,6 +170,8 @@ class EntityConfig(Frozen):
     kafka: tuple[KafkaSource, ...] = Field(default=(), description="Kafka topic sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
     patterns: tuple[PatternSpec, ...] = ()
+    pattern_precedence: Literal["spec", "sdk"] = Field(default="spec", description="Of several patterns matching "
+                                                       "a file, the last processed (spec) or the first (CDM SDK).")
     format: FileFormat = CsvFormat()
     event_time: EventTimeConfig = EventTimeConfig()
     cdc: CdcConfig = CdcConfig()

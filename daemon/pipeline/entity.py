@@ -202,7 +202,7 @@ class EntityPipeline:
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
         doc = cdm_manifest.load(self.cfg.manifest)
         entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
-        discovery = Discovery.from_entity(entity, self.keeper.owned())
+        discovery = Discovery.from_entity(entity, self.keeper.owned(), self.cfg.pattern_precedence)
         siblings = _Siblings(doc, self.cfg.name)
         target = self.sinks.table.schema() or self._declared_schema(entity)
         matched, removed = [], {}
