@@ -10,6 +10,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
+from lakefeed import clock
 from lakefeed.config import model as config
 from lakefeed.errors import ConfigError
 from tests.conftest import land, wait_for, write_config
@@ -58,6 +59,7 @@ def test_every_local_entity_of_the_tree_is_an_entity_with_its_own_manifest(tmp_p
     assert found["Orders"].cdc.strategy == "upsert_and_delete" and found["Sales"].cdc.strategy == "append"
     assert all(e.format.header for e in cfg.entities)
     assert found["Items"].table == tmp_path / "lake" / "Items" / "table"
+    assert found["Orders"].cdm_parents == (landing / "default.manifest.cdm.json",) and found["Sales"].cdm_parents == ()
 
     # An entity added to a manifest joins at the next load (a reload).
     doc = json.loads((landing / "shop" / "shop.manifest.cdm.json").read_text())
@@ -99,7 +101,6 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
         daemon.start()
         land(landing / "sales" / "a.csv", "id,v\n1,a\n2,a\n")
         land(landing / "shop" / "orders" / "o1.csv", "id,v\n1,x\n")
-        land(landing / "shop" / "orders" / "o2.csv", "id,v\n1,y\n2,y\n")
 
         def partitions(manifest: Path, name: str, key: str) -> list[str]:
             doc = json.loads(manifest.read_text())
@@ -107,9 +108,20 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
             return sorted(p["location"] for p in entity.get(key, []))
 
         root, shop = landing / "default.manifest.cdm.json", landing / "shop" / "shop.manifest.cdm.json"
+        wait_for(lambda: partitions(shop, "Orders", "incrementalPartitions") == ["orders/o1.csv"], 90, 0.5, "o1")
+        land(landing / "shop" / "orders" / "o2.csv", "id,v\n1,y\n2,y\n")  # after o1: its upsert wins
         wait_for(lambda: partitions(root, "Sales", "dataPartitions") == ["sales/a.csv"]
                  and partitions(shop, "Orders", "incrementalPartitions") == ["orders/o1.csv", "orders/o2.csv"],
                  90, 0.5, "both manifests")
+
+        def root_knows_shop() -> bool:  # the root's declaration of the sub-manifest follows its file
+            doc, sub = json.loads(root.read_text()), json.loads(shop.read_text())
+            declared = doc["subManifests"][0]
+            return declared.get("lastFileModifiedTime") == clock.to_cdm(clock.from_ns(
+                shop.stat().st_mtime_ns)) and doc.get("lastChildFileModifiedTime", "") >= sub[
+                "lastChildFileModifiedTime"] and "lastFileStatusCheckTime" in declared
+
+        wait_for(root_knows_shop, 30, 0.2, "the root's subManifests declaration current")
         orders = DeltaTable(str(tmp_path / "lake" / "Orders" / "table")).to_pyarrow_table()
         assert sorted(zip(orders["id"].to_pylist(), orders["v"].to_pylist(), strict=True)) == [(1, "y"), (2, "y")]
         assert "Customers" not in {e["entityName"] for e in json.loads(root.read_text())["entities"]

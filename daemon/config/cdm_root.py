@@ -70,9 +70,10 @@ def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
     root = Path(str(raw[KEY]))
     root = (root if root.is_absolute() else base_dir / root).resolve()
     found: list[dict[str, Any]] = []
-    for manifest, entity in _local_entities(root, root.parent, set()):
+    for manifest, parents, entity in _local_entities(root, root.parent, set(), ()):
         name = entity["entityName"]
-        entry = {**defaults, **(overrides.get(name) or {}), "name": name, "manifest": str(manifest)}
+        entry = {**defaults, **(overrides.get(name) or {}), "name": name, "manifest": str(manifest),
+                 "cdm_parents": [str(p) for p in parents]}
         entry.setdefault("source", {"type": "local_dir", "path": str(manifest.parent)})
         found.append(entry)
     names = [e["name"] for e in found]
@@ -84,9 +85,9 @@ def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _local_entities(path: Path, corpus: Path, seen: set[Path]):
-    """(manifest, entity declaration) for each local entity of a manifest and its sub-manifests; `corpus`, the
-    root manifest's folder, is where `/…` and `local:/…` paths start."""
+def _local_entities(path: Path, corpus: Path, seen: set[Path], parents: tuple[Path, ...]):
+    """(manifest, the manifests above it nearest first, entity declaration) for each local entity of a manifest
+    and its sub-manifests; `corpus`, the root manifest's folder, is where `/…` and `local:/…` paths start."""
     if path in seen:
         return
     seen.add(path)
@@ -100,7 +101,7 @@ def _local_entities(path: Path, corpus: Path, seen: set[Path]):
         raise TreeError(f"manifest {path} is not a JSON object")
     for entity in doc.get("entities") or ():
         if isinstance(entity, dict) and entity.get("type") != "ReferencedEntity" and entity.get("entityName"):
-            yield path, entity
+            yield path, parents, entity
     for sub in doc.get("subManifests") or ():
         definition = sub.get("definition") if isinstance(sub, dict) else None
         if not isinstance(definition, str):
@@ -109,4 +110,4 @@ def _local_entities(path: Path, corpus: Path, seen: set[Path]):
         if ":" in definition.split("/", 1)[0]:
             continue  # another namespace: nothing here can reach it
         folder = corpus if definition.startswith("/") else path.parent
-        yield from _local_entities((folder / definition.lstrip("/")).resolve(), corpus, seen)
+        yield from _local_entities((folder / definition.lstrip("/")).resolve(), corpus, seen, (path, *parents))

@@ -169,6 +169,8 @@ class EntityConfig(Frozen):
     push: tuple[PushSource, ...] = Field(default=(), description="HTTP push sources of records.")
     kafka: tuple[KafkaSource, ...] = Field(default=(), description="Kafka topic sources of records.")
     manifest: ResolvedPath = Field(description="The *.manifest.cdm.json describing the entity.")
+    cdm_parents: tuple[ResolvedPath, ...] = Field(default=(), description="Set by cdm_root: the manifests above "
+                                                  "the entity's, nearest first, whose subManifests are kept current.")
     patterns: tuple[PatternSpec, ...] = ()
     pattern_precedence: Literal["spec", "sdk"] = Field(default="spec", description="Of several patterns matching "
                                                        "a file, the last processed (spec) or the first (CDM SDK).")

@@ -24,6 +24,7 @@ from lakefeed.config.model import EntityConfig, PatternSpec
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.errors import ManifestError
+from lakefeed.manifests.cdm_parents import propagate
 
 METADATA_KEY = "lakefeed.partitions"
 COMPACT_ABOVE = 2000  # partitions in a manifest: written without indentation (C-fast, a fraction of the size)
@@ -273,6 +274,7 @@ class ManifestKeeper:
                 cdm_manifest.save(self.cfg.manifest, doc, compact=_partitions(doc) > COMPACT_ABOVE)
                 changed.append(self.cfg.manifest)
                 failpoints.reached("manifest.written")
+                changed += propagate(self.cfg.manifest, self.cfg.cdm_parents, checked, manifest_lock, COMPACT_ABOVE)
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
             self._publish(changed)
