@@ -73,7 +73,7 @@ def test_every_local_entity_of_the_tree_is_an_entity_with_its_own_manifest(tmp_p
     ({"cdm_root": "landing/none.manifest.cdm.json"}, "entities.0.cdm_root: no manifest at"),
     ({"overrides": {"Nope": {}}}, "entities.0.cdm_root: overrides name entities the tree of"),
     ({"colour": "red"}, "entities.0.cdm_root: unknown key(s) colour beside cdm_root"),
-    ({"overrides": {"Orders": {"cdc": {"strategy": "sometimes"}}}}, "entities.0.cdm_root[Orders].cdc.strategy"),
+    ({"overrides": {"Orders": {"cdc": {"strategy": "sometimes"}}}}, "entities.0.[Orders].cdc.strategy"),
 ])
 def test_a_bad_tree_entry_is_reported_at_its_line(tmp_path, entry, expected):
     _tree(tmp_path / "landing")

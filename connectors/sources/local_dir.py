@@ -114,9 +114,11 @@ class _Handler(FileSystemEventHandler):
 class LocalDirSource(Source):
     def __init__(self, entity: str, root: Path, inbox: Inbox, reconcile_interval_s: float,
                  excluded: tuple[Path, ...] = (), quiet_s: float = 0.2, settle_s: float = 2.0,
-                 follow_symlinks: bool = False) -> None:
+                 follow_symlinks: bool = False, complete_marker: str | None = None) -> None:
         self.entity = entity
         self.root = root
+        self._marker = complete_marker
+        self._held: dict[str, set[str]] = {}  # folder -> files waiting for its complete_marker
         self._follow = follow_symlinks
         self._inbox = inbox
         self._interval = reconcile_interval_s
@@ -141,7 +143,11 @@ class LocalDirSource(Source):
         The short wait lets `cp -p`, rsync and the like set the final mtime after closing the
         file, so one landing is one identity, not two.
         """
-        if self._wanted(path):
+        if self._marker and os.path.basename(path) == self._marker:
+            with self._lock:  # a folder's marker: what waited for it is looked at now
+                for held in self._held.pop(os.path.dirname(path), ()):
+                    self._pending[held] = time.monotonic() + self._quiet_s
+        elif self._wanted(path):
             with self._lock:
                 self._pending[path] = time.monotonic() + self._quiet_s
 
@@ -169,6 +175,10 @@ class LocalDirSource(Source):
             return None
         if event.problem:
             return event  # taken as it is, for the quarantine
+        if self._marker and (folder := self._incomplete(path)) is not None:
+            with self._lock:
+                self._held.setdefault(folder, set()).add(path)
+            return None
         try:
             writing = being_written(path)
         except FileNotFoundError:
@@ -182,6 +192,17 @@ class LocalDirSource(Source):
                     self._pending[path] = time.monotonic() + self._settle_s - age_ns / 1e9
                 return None
         return event if not writing else None  # a writer still has it: its close event comes
+
+    def _incomplete(self, path: str) -> str | None:
+        """The folder (right under the root) a file is in, if it does not hold a non-empty marker yet."""
+        relative = os.path.relpath(path, self.root)
+        if os.sep not in relative:
+            return None
+        folder = os.path.join(str(self.root), relative.split(os.sep, 1)[0])
+        try:
+            return None if os.stat(os.path.join(folder, str(self._marker))).st_size > 0 else folder
+        except OSError:
+            return folder
 
     def _offer(self, events: list[FileEvent]) -> int:
         added = self._inbox.offer(events)

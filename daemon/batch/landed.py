@@ -31,6 +31,7 @@ class Landed:
     """A landed file opened for reading; `path` names the checked descriptor (`/proc/self/fd/N`)."""
 
     def __init__(self, path: Path, root: Path, follow_symlinks: bool) -> None:
+        self.origin = path  # where it landed (a model.json folder's file is read with that folder's model)
         target = path
         if follow_symlinks and path.is_symlink():
             target = Path(os.path.realpath(path))
@@ -120,7 +121,7 @@ def read_landed(landed: Landed, fmt: FileFormat, target: pa.Schema | None, limit
     """The file's rows, or one bad row with line None saying why none can be taken."""
     landed.check(fmt, limits)
     try:
-        read = read_file(landed.path, fmt, target)
+        read = read_file(landed.path, fmt, target, landed.origin)
     except FileNotFoundError:
         raise
     except RecursionError:

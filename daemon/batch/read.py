@@ -19,6 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from lakefeed.batch import model_json
 from lakefeed.batch.schema import cast_to, delta_compatible, timestamp_text
 from lakefeed.config.model import CsvFormat, FileFormat
 
@@ -37,13 +38,16 @@ class FileRead:
     bad: list[BadRow] = field(default_factory=list)
 
 
-def read_file(path: Path, fmt: FileFormat, target: pa.Schema | None) -> FileRead:
-    """Raises FileNotFoundError when the file vanished; every other problem becomes bad rows."""
+def read_file(path: Path, fmt: FileFormat, target: pa.Schema | None, origin: Path | None = None) -> FileRead:
+    """Raises FileNotFoundError when the file vanished; every other problem becomes bad rows. `origin`: where the
+    file landed, when `path` is a descriptor of it."""
     try:
         if isinstance(fmt, CsvFormat):
             return _read_csv(path, fmt, target)
         if fmt.kind == "parquet":
             return conform(pq.read_table(path), target, first_line=None)
+        if fmt.kind == "model_json":
+            return _read_model_json(path, origin or path, target)
         return _read_json(path, fmt.kind, target)
     except FileNotFoundError:
         raise
@@ -99,6 +103,21 @@ def _read_csv(path: Path, fmt: CsvFormat, target: pa.Schema | None) -> FileRead:
     result.bad[:0] = invalid
     return result
 
+
+
+def _read_model_json(path: Path, origin: Path, target: pa.Schema | None) -> FileRead:
+    """Cells by position as its folder's model.json names and types them, then as the table has them."""
+    table, lines, misfits = model_json.read_rows(path, origin)
+    bad = [BadRow(line, reason, raw) for line, reason, raw in misfits]
+    typed = conform(table, model_json.schema_of(origin), first_line=0)  # bad lines: row indexes, mapped below
+    bad += [BadRow(lines[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in typed.bad]
+    if typed.table is None or target is None:
+        return FileRead(typed.table, bad)
+    failed = {b.line for b in typed.bad}
+    kept = [line for i, line in enumerate(lines) if i not in failed]
+    result = conform(typed.table, target, first_line=0)
+    bad += [BadRow(kept[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in result.bad]
+    return FileRead(result.table, bad)
 
 
 def json_options(target: pa.Schema | None) -> pajson.ParseOptions:

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lakefeed.config import synapse
+
 KEY = "cdm_root"
 _ALLOWED = {KEY, "defaults", "overrides"}
 
@@ -25,9 +27,9 @@ _ALLOWED = {KEY, "defaults", "overrides"}
 class TreeError(ValueError):
     """A cdm_root entry that cannot be expanded; the message says which file and what to do. `index`: the entry."""
 
-    def __init__(self, message: str, index: int = -1) -> None:
+    def __init__(self, message: str, index: int = -1, key: str = KEY) -> None:
         super().__init__(message)
-        self.index = index
+        self.index, self.key = index, key
 
 
 def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[int, str | None]]]:
@@ -37,14 +39,14 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
     out: list[Any] = []
     origin: list[tuple[int, str | None]] = []
     for i, raw in enumerate(entities):
-        if not (isinstance(raw, dict) and KEY in raw):
+        if not (isinstance(raw, dict) and (KEY in raw or synapse.KEY in raw)):
             out.append(raw)
             origin.append((i, None))
             continue
         try:
-            found = _entities_of(raw, base_dir)
-        except TreeError as exc:
-            raise TreeError(str(exc), i) from exc
+            found = _entities_of(raw, base_dir) if KEY in raw else synapse.entities_of(raw, base_dir)
+        except ValueError as exc:  # TreeError too
+            raise TreeError(str(exc), i, KEY if KEY in raw else synapse.KEY) from exc
         out.extend(found)
         origin.extend((i, e["name"]) for e in found)
     return out, origin
@@ -52,11 +54,11 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
 
 def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tuple[Any, ...]:
     """An error's place in the config as written: an entity of a cdm_root tree is shown at its cdm_root entry,
-    e.g. `entities.0.cdm_root[Orders].cdc` (the line of that entry)."""
+    e.g. `entities.0.[Orders].cdc` (the line of that entry)."""
     if loc[:1] != ("entities",) or len(loc) < 2 or not isinstance(loc[1], int) or loc[1] >= len(origin):
         return loc
     written, name = origin[loc[1]]
-    return ("entities", written, *((f"cdm_root[{name}]",) if name is not None else ()), *loc[2:])
+    return ("entities", written, *((f"[{name}]",) if name is not None else ()), *loc[2:])
 
 
 def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:

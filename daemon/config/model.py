@@ -81,7 +81,13 @@ class ParquetFormat(Frozen):
     kind: Literal["parquet"]
 
 
-FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat, Field(discriminator="kind")]
+class ModelJsonFormat(Frozen):
+    """Header-less CSV in a folder described by a legacy CDM model.json (Synapse Link): docs/model-json.md."""
+
+    kind: Literal["model_json"]
+
+
+FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat | ModelJsonFormat, Field(discriminator="kind")]
 
 
 Strategy = Literal["append", "ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "insert", "update",
@@ -382,8 +388,8 @@ def load(path: str | Path) -> LakefeedConfig:
         try:
             entities, origin = cdm_root.expand(data["entities"], path.parent.resolve())
         except cdm_root.TreeError as exc:
-            loc = ("entities", exc.index, cdm_root.KEY)
-            raise ConfigError([f"{path}:{_line_of(node, loc)}: entities.{exc.index}.cdm_root: {exc}"]) from exc
+            loc = ("entities", exc.index, exc.key)
+            raise ConfigError([f"{path}:{_line_of(node, loc)}: entities.{exc.index}.{exc.key}: {exc}"]) from exc
         data = {**data, "entities": entities}
     try:
         return LakefeedConfig.model_validate(data, context={"base_dir": path.parent.resolve()})

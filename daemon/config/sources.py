@@ -21,6 +21,9 @@ class LocalDirSource(Frozen):
     max_files_per_trigger: int = Field(default=1000, gt=0)
     follow_symlinks: bool = Field(default=False, description="Take symbolic links whose target is inside the "
                                   "folder; other links, and all links when false, go to quarantine unread.")
+    complete_marker: str | None = Field(default=None, description="A file in a folder (right under `path`) waits "
+                                        "until the folder holds a non-empty file of this name (model.json for "
+                                        "Synapse Link): a folder still being written is not taken.")
 
 
 def _hex_hashes(value: tuple[str, ...]) -> tuple[str, ...]:

@@ -101,7 +101,8 @@ class EntityRunner:
             own = landing_manifest(cfg)  # the landing folder's MSC manifest
             excluded = (*excluded, Path(own)) if own else excluded
             self.source = LocalDirSource(cfg.name, cfg.source.path, self.inbox, cfg.source.reconcile_interval_s,
-                                         excluded=excluded, follow_symlinks=cfg.source.follow_symlinks)
+                                         excluded=excluded, follow_symlinks=cfg.source.follow_symlinks,
+                                         complete_marker=cfg.source.complete_marker)
         self.spools: dict[str, SpoolEnd] = {}  # a push stream's frames written so far (for its backlog)
         self._writers: dict[str, Spool] = {}  # without an intake: the push streams' spools, to release them
         self._counting = threading.Lock()
