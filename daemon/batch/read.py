@@ -19,8 +19,9 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from lakefeed.batch import model_json
+from lakefeed.batch import model_json, textfile
 from lakefeed.batch.schema import cast_to, delta_compatible, timestamp_text
+from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import CsvFormat, FileFormat
 
 
@@ -48,6 +49,8 @@ def read_file(path: Path, fmt: FileFormat, target: pa.Schema | None, origin: Pat
             return conform(pq.read_table(path), target, first_line=None)
         if fmt.kind == "model_json":
             return _read_model_json(path, origin or path, target)
+        if fmt.kind == "textfile":
+            return _read_textfile(path, fmt, target)
         return _read_json(path, fmt.kind, target)
     except FileNotFoundError:
         raise
@@ -116,6 +119,36 @@ def _read_model_json(path: Path, origin: Path, target: pa.Schema | None) -> File
     failed = {b.line for b in typed.bad}
     kept = [line for i, line in enumerate(lines) if i not in failed]
     result = conform(typed.table, target, first_line=0)
+    bad += [BadRow(kept[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in result.bad]
+    return FileRead(result.table, bad)
+
+
+def _read_textfile(path: Path, fmt: TextFileFormat, target: pa.Schema | None) -> FileRead:
+    """A data manifest's textfile: cells by position, typed as the manifest says, ratings checked against the
+    domain, then as the table has them (a derived entity: the distinct values of its attribute)."""
+    table, lines, misfits = textfile.read_rows(path, fmt)
+    bad = [BadRow(line, reason, raw) for line, reason, raw in misfits]
+    typed = conform(table, textfile.schema(fmt), first_line=0)  # bad lines: row indexes, mapped below
+    bad += [BadRow(lines[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in typed.bad]
+    if typed.table is None:
+        return FileRead(None, bad)
+    failed = {b.line for b in typed.bad}
+    kept = [line for i, line in enumerate(lines) if i not in failed]
+    data = typed.table
+    if outside := textfile.out_of_domain(data, fmt):
+        for i, reason in sorted(outside.items()):
+            bad.append(BadRow(kept[i], reason, json.dumps({k: None if v is None else str(v)
+                                                           for k, v in data.slice(i, 1).to_pylist()[0].items()}),
+                              "rating"))
+        keep = np.ones(data.num_rows, dtype=bool)
+        keep[list(outside)] = False
+        data = data.filter(pa.array(keep))
+        kept = [line for i, line in enumerate(kept) if i not in outside]
+    if fmt.derive:
+        return FileRead(textfile.derived(data, fmt.derive), bad)
+    if target is None:
+        return FileRead(data, bad)
+    result = conform(data, target, first_line=0)
     bad += [BadRow(kept[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in result.bad]
     return FileRead(result.table, bad)
 

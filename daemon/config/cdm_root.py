@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lakefeed.config import synapse
+from lakefeed.config import data_manifest, synapse
 
 KEY = "cdm_root"
 _ALLOWED = {KEY, "defaults", "overrides"}
@@ -27,29 +27,35 @@ _ALLOWED = {KEY, "defaults", "overrides"}
 class TreeError(ValueError):
     """A cdm_root entry that cannot be expanded; the message says which file and what to do. `index`: the entry."""
 
-    def __init__(self, message: str, index: int = -1, key: str = KEY) -> None:
+    def __init__(self, message: str, index: int = -1, key: str = KEY, where: str | None = None) -> None:
         super().__init__(message)
         self.index, self.key = index, key
+        self.where = where  # `file:line: key` in the described file itself (a data manifest), when known
 
 
-def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[int, str | None]]]:
+def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[int, str | None]], list[Path]]:
     """The entity list with each cdm_root entry replaced by the entities of its tree, and for each resulting
     entry the index of the config entry it came from, with the entity's name if a tree gave it (for error
-    lines). Raises TreeError."""
+    lines), and the data manifests read (watched like the config: lakefeed never writes them). Raises
+    TreeError."""
     out: list[Any] = []
     origin: list[tuple[int, str | None]] = []
+    described: list[Path] = []
     for i, raw in enumerate(entities):
-        if not (isinstance(raw, dict) and (KEY in raw or synapse.KEY in raw)):
+        key = next((k for k in _EXPANDERS if isinstance(raw, dict) and k in raw), None)
+        if key is None:
             out.append(raw)
             origin.append((i, None))
             continue
         try:
-            found = _entities_of(raw, base_dir) if KEY in raw else synapse.entities_of(raw, base_dir)
+            found = _EXPANDERS[key](raw, base_dir)
         except ValueError as exc:  # TreeError too
-            raise TreeError(str(exc), i, KEY if KEY in raw else synapse.KEY) from exc
+            raise TreeError(str(exc), i, key, getattr(exc, "where", None)) from exc
         out.extend(found)
         origin.extend((i, e["name"]) for e in found)
-    return out, origin
+        if key == data_manifest.KEY:
+            described.append(data_manifest.location(raw, base_dir))
+    return out, origin, described
 
 
 def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tuple[Any, ...]:
@@ -113,3 +119,6 @@ def _local_entities(path: Path, corpus: Path, seen: set[Path], parents: tuple[Pa
             continue  # another namespace: nothing here can reach it
         folder = corpus if definition.startswith("/") else path.parent
         yield from _local_entities((folder / definition.lstrip("/")).resolve(), corpus, seen, (path, *parents))
+
+
+_EXPANDERS = {KEY: _entities_of, synapse.KEY: synapse.entities_of, data_manifest.KEY: data_manifest.entities_of}

@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo,
 from lakefeed.config import cdm_root
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
+from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.limits import Limits
 from lakefeed.config.manifests import Kartothek, Msc, clashes
 from lakefeed.config.sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
@@ -87,7 +88,8 @@ class ModelJsonFormat(Frozen):
     kind: Literal["model_json"]
 
 
-FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat | ModelJsonFormat, Field(discriminator="kind")]
+FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat | ModelJsonFormat | TextFileFormat,
+                       Field(discriminator="kind")]
 
 
 Strategy = Literal["append", "ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "insert", "update",
@@ -305,6 +307,8 @@ class LakefeedConfig(Frozen):
     http: HttpConfig = HttpConfig()
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access for s3:// locations.")
     entities: tuple[EntityConfig, ...]
+    described_by: tuple[ResolvedPath, ...] = Field(default=(), description="Set on load: the data manifests the "
+                                                   "entities come from, watched like the config file.")
 
     @field_validator("entities")
     @classmethod
@@ -386,11 +390,12 @@ def load(path: str | Path) -> LakefeedConfig:
     origin: list[tuple[int, str | None]] = []
     if isinstance(data.get("entities"), list):
         try:
-            entities, origin = cdm_root.expand(data["entities"], path.parent.resolve())
+            entities, origin, described = cdm_root.expand(data["entities"], path.parent.resolve())
         except cdm_root.TreeError as exc:
             loc = ("entities", exc.index, exc.key)
-            raise ConfigError([f"{path}:{_line_of(node, loc)}: entities.{exc.index}.{exc.key}: {exc}"]) from exc
-        data = {**data, "entities": entities}
+            problem = str(exc) if exc.where else f"{path}:{_line_of(node, loc)}: entities.{exc.index}.{exc.key}: {exc}"
+            raise ConfigError([problem]) from exc
+        data = {**data, "entities": entities, "described_by": [str(p) for p in described]}
     try:
         return LakefeedConfig.model_validate(data, context={"base_dir": path.parent.resolve()})
     except ValidationError as exc:

@@ -16,24 +16,37 @@ _log = log.get(__name__)
 
 
 class ConfigWatcher(FileSystemEventHandler):
-    """Calls `on_change` once the file has been quiet for DEBOUNCE_S after a change."""
+    """Calls `on_change` once the file, or a file it names that describes data (a YAML data manifest), has been
+    quiet for DEBOUNCE_S after a change."""
 
-    def __init__(self, path: Path, on_change: Callable[[], None]) -> None:
+    def __init__(self, path: Path, on_change: Callable[[], None], described_by: tuple[Path, ...] = ()) -> None:
         self.path = path.resolve()
         self._on_change = on_change
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._observer = Observer()
         self._observer.daemon = True
+        self._files: set[str] = set()
+        self._folders: set[str] = set()
+        self.watch((self.path, *described_by))
+
+    def watch(self, paths: tuple[Path, ...]) -> None:
+        """Watch these files too (a reload may name new ones)."""
+        with self._lock:
+            for path in paths:
+                path = path.resolve()
+                self._files.add(str(path))
+                # The folder, not the file: an editor or `mv` replaces the file, and its inode with it.
+                if str(path.parent) not in self._folders and path.parent.is_dir():
+                    self._folders.add(str(path.parent))
+                    self._observer.schedule(self, str(path.parent), recursive=False)
 
     def start(self) -> None:
-        # The folder, not the file: an editor or `mv` replaces the file, and its inode with it.
-        self._observer.schedule(self, str(self.path.parent), recursive=False)
         self._observer.start()
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         paths = {event.src_path, getattr(event, "dest_path", "")}
-        if event.event_type in ("opened", "closed_no_write") or str(self.path) not in paths:
+        if event.event_type in ("opened", "closed_no_write") or not paths & self._files:
             return
         with self._lock:
             if self._timer is not None:

@@ -62,6 +62,7 @@ class Supervisor:
         self.cfg = cfg
         self.config_path = config_path
         self.drain = drain  # backfill: process what is pending, then stop
+        self._watcher: ConfigWatcher | None = None  # the config file and the data manifests it names
         self.metrics = Metrics(cfg.status_sample_s)
         self.runners: dict[str, EntityRunner] = {}
         self.config_problems: list[str] = []
@@ -120,8 +121,9 @@ class Supervisor:
         try:
             spark.warm_up(session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
-            watcher = ConfigWatcher(self.config_path, self._reload.set) if self.config_path and not self.drain \
-                else None
+            watcher = ConfigWatcher(self.config_path, self._reload.set, self.cfg.described_by) \
+                if self.config_path and not self.drain else None
+            self._watcher = watcher
             try:
                 for entity in self.cfg.entities:
                     self._start(entity)
@@ -307,6 +309,8 @@ class Supervisor:
         interval = watchdog_interval()
         if interval:
             threading.Thread(target=feed_watchdog, args=(done, interval), daemon=True).start()
+        if self._watcher is not None:
+            self._watcher.watch(new.described_by)
         try:
             self._apply(new)
         finally:

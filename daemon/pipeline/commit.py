@@ -24,11 +24,14 @@ from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.changelog import build_changelog, data_columns, quarantine_table
 from lakefeed.batch.read import BadRow
+from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
+
+DATA_MANIFEST_KEY = "lakefeed.data_manifest"
 
 SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is
 
@@ -153,6 +156,9 @@ class Committer:
                                                         "partitions": result.partitions})}
         if new_watermark is not None:
             table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
+        if isinstance(self.cfg.format, TextFileFormat):  # what the data manifest says of the data, every commit
+            table_meta[DATA_MANIFEST_KEY] = json.dumps({"metadata": self.cfg.format.metadata,
+                                                        "ids": list(self.cfg.format.ids)})
         try:
             if self.cfg.cdc.keyed:
                 self._merge(reduced, batch_id, table_meta, checked_at, result)
