@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -158,6 +159,9 @@ def test_the_daemon_keeps_the_entities_of_a_data_manifest_current(tmp_path):
         wait_for(lambda: len(_rows(lake / "rating" / "table")) == 28 and len(_rows(lake / "movie" / "table")) == 5
                  and len(_rows(lake / "user" / "table")) == 7 and len(_rows(lake / "item" / "table")) == 5
                  and len(_rows(lake / "tag" / "table")) == 2, 120, 0.5, "every entity")
+        commits = DeltaTable(str(lake / "rating" / "table")).history()
+        kept = next(json.loads(c["lakefeed.data_manifest"]) for c in commits if "lakefeed.data_manifest" in c)
+        assert kept == {"metadata": {"domain": {"minimum": 1, "maximum": 5, "precision": 1}}, "ids": ["item", "user"]}
         quarantined = [r["reason"] for r in _rows(lake / "rating" / "quarantine")]
         assert sorted(quarantined) == ["rating 2.5 is not a multiple of the domain's precision 1",
                                        "rating 9 is outside the domain [1, 5]"]
