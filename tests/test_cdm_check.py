@@ -292,3 +292,29 @@ def test_the_command_prints_its_report_and_says_what_is_wrong(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "check", str(tmp_path / "nope.json")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no manifest at" in missing.stderr
+
+
+def test_large_manifests_spliced_as_text_are_the_json_a_dict_would_be(tmp_path, monkeypatch):
+    """Above COMPACT_ABOVE partitions, found partitions are written as JSON text spliced into the document: the
+    same document (names with quotes, backslashes and non-ASCII too), and the SDK reads it back."""
+    from lakefeed.manifests import cdm_check
+
+    names = {'a/q"uote.csv': 1, "a/back\\slash.csv": 2, "a/é tè.csv": 3, "a/2024/01/x.csv": 4, "a/tab\t.csv": 5}
+    documents = []
+    for compact_above in (10**9, 0):
+        root = tmp_path / str(compact_above)
+        _land(root, names)
+        manifest = root / "default.manifest.cdm.json"
+        manifest.write_text(json.dumps(_manifest([("a", ("regex", "/(\\w+)/(f)?.*", ["dir", "f"]), "Upsert", True),
+                                                  ("a", ("glob", "/**", []), None, True)], ["a/gone.csv"])))
+        monkeypatch.setattr(cdm_check, "COMPACT_ABOVE", compact_above)
+        check(manifest, "sdk")
+        doc = json.loads(manifest.read_text())
+        for obj in _walk(doc):
+            obj.pop("lastFileStatusCheckTime", None)  # this run's
+        del doc["lastFileModifiedTime"], doc["lastChildFileModifiedTime"]  # the manifest file's own time
+        documents.append(doc)
+        if compact_above == 0:
+            assert "\n" not in manifest.read_text().strip()  # the compact, spliced form
+            assert _ours(manifest)["entities"] == _sdk(root, manifest.name)["entities"]
+    assert documents[0] == documents[1]

@@ -100,13 +100,18 @@ def shape_fault(doc: dict[str, Any]) -> str | None:
 
 
 def save(path: Path, doc: dict[str, Any], compact: bool = False) -> None:
-    """Write the whole document to a temporary file beside it, fsync, then rename over it. `compact`: without
-    indentation, which json serializes in C (large manifests: a fraction of the time and size)."""
+    """Write the whole document atomically. `compact`: without indentation, which json serializes in C (large
+    manifests: a fraction of the time and size)."""
+    save_text(path, json.dumps(doc, ensure_ascii=False, **({"separators": (",", ":")} if compact else {"indent": 2})))
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a document's JSON text to a temporary file beside it, fsync, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(doc, ensure_ascii=False, **({"separators": (",", ":")} if compact else {"indent": 2})))
+            f.write(text)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

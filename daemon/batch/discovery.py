@@ -13,6 +13,9 @@ See docs/cdm-discovery.md.
 
 from __future__ import annotations
 
+import re
+import re._constants as re_constants
+import re._parser as re_parser
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,49 @@ class Pattern:
     expression: regex.Pattern[str]
     parameters: tuple[str, ...] = ()
     incremental_type: str | None = None
+    linear: bool = False  # cannot backtrack catastrophically: matched without the (costly) time limit
+
+    def fullmatch(self, path: str) -> regex.Match[str] | None:
+        """The full match of a path; TimeoutError past MATCH_TIME_LIMIT_S unless the pattern is `linear`."""
+        if self.linear:
+            return self.expression.fullmatch(path)
+        return self.expression.fullmatch(path, timeout=MATCH_TIME_LIMIT_S)
+
+
+_UNBOUNDED = 2  # unbounded repeats a linear pattern may have: at worst O(n²) over a path's n characters
+
+
+def is_linear(source: str) -> bool:
+    """Whether a pattern cannot backtrack catastrophically: no repeated group (the `(a+)+` kind) and at most two
+    unbounded repeats. Patterns Python's `re` cannot parse (`regex`-only syntax) count as not linear."""
+    try:
+        parsed = re_parser.parse(source)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    unbounded = 0
+
+    def walk(items: Any, inside_repeat: bool) -> bool:
+        nonlocal unbounded
+        for op, arg in items:
+            if op in (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT):
+                low, high, body = arg
+                if inside_repeat or any(o in (re_constants.SUBPATTERN, re_constants.BRANCH) for o, _ in body):
+                    return False
+                unbounded += high == re_constants.MAXREPEAT
+                if not walk(body, True):
+                    return False
+            elif op == re_constants.SUBPATTERN:
+                if not walk(arg[-1], inside_repeat):
+                    return False
+            elif op == re_constants.BRANCH:
+                if not all(walk(branch, inside_repeat) for branch in arg[1]):
+                    return False
+            elif op in (re_constants.ASSERT, re_constants.ASSERT_NOT, re_constants.GROUPREF,
+                        re_constants.GROUPREF_EXISTS, re_constants.ATOMIC_GROUP):
+                return False
+        return True
+
+    return walk(parsed, False) and unbounded <= _UNBOUNDED
 
 
 @dataclass(frozen=True)
@@ -161,7 +207,7 @@ def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern
         _log.error("pattern.invalid", pattern=name, reason=f"expression does not compile: {exc}")
         return None
     root = str(declaration.get("rootLocation") or "")
-    return Pattern(name, root, expression, tuple(declaration.get("parameters") or ()), kind)
+    return Pattern(name, root, expression, tuple(declaration.get("parameters") or ()), kind, is_linear(source))
 
 
 class Discovery:
@@ -218,7 +264,7 @@ def match_pattern(pattern: Pattern, relative_path: str) -> Partition | None:
     if root_norm and not rel.startswith(root_norm + "/"):
         return None
     file_name = rel[len(root_norm) :]
-    m = pattern.expression.fullmatch(file_name, timeout=MATCH_TIME_LIMIT_S)  # TimeoutError past it
+    m = pattern.fullmatch(file_name)  # TimeoutError past the limit
     if m is None:
         return None
     args: dict[str, list[str]] = {}

@@ -17,7 +17,6 @@ docs/cdm-discovery.md lists where lakefeed departs from the SDK.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,12 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lakefeed import clock, log
-from lakefeed.batch.discovery import INCREMENTAL_TRAIT, MATCH_TIME_LIMIT_S, Pattern, pattern_from_json
+from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Pattern, pattern_from_json
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
+from lakefeed.manifests.cdm_json import PartitionText, Splices
 
 Precedence = Literal["spec", "sdk"]
-PATTERN_NAME_ARGUMENT = "incrementPartitionPatternName"
 COMPACT_ABOVE = 2000  # partitions in a document: written without indentation (a fraction of the time and size)
 _log = log.get(__name__)
 
@@ -57,6 +56,7 @@ class _Doc:
         self.stat = path.stat()
         self.changed = False
         self.added = 0
+        self.splices = Splices()  # the partitions found, as JSON text
 
     def set(self, obj: dict[str, Any], key: str, value: str | None) -> None:
         if value is not None and obj.get(key) != value:
@@ -187,8 +187,8 @@ class CdmCheck:
         m.set(doc, "lastChildFileModifiedTime", child)
         if m.changed:
             partitions = sum(len(e.get(k) or ()) for e in doc.get("entities") or () if isinstance(e, dict)
-                             for k in ("dataPartitions", "incrementalPartitions"))
-            cdm_manifest.save(path, doc, compact=partitions > COMPACT_ABOVE)
+                             for k in ("dataPartitions", "incrementalPartitions")) + m.splices.count()
+            cdm_manifest.save_text(path, m.splices.dumps(doc, compact=partitions > COMPACT_ABOVE))
             _log.info("manifest.checked", manifest=str(path), partitions_added=m.added, written=True)
         self.report.manifests.append({"manifest": str(path), "written": m.changed, "partitions_added": m.added})
         return doc.get("lastFileModifiedTime"), doc.get("lastChildFileModifiedTime")
@@ -235,9 +235,11 @@ class CdmCheck:
             for pattern in entity.get(key) or ():
                 if isinstance(pattern, dict):
                     pattern["lastFileStatusCheckTime"] = self.now
-        new: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-        for found, is_incremental in self._discover(entity, base, known):  # first: it lists the folders
-            new[is_incremental].append(found)
+        new: tuple[list[str], list[str]] = ([], [])
+        newest = -1
+        for text, is_incremental, mtime in self._discover(entity, base, known):  # first: it lists the folders
+            new[is_incremental].append(text)
+            newest = max(newest, mtime)
         child = entity.get("lastChildFileModifiedTime")
         now, stamp, later = self.now, self._stamp, _later
         for partition in (*data, *incremental):  # those listed before: checked, whether or not their file is there
@@ -250,12 +252,12 @@ class CdmCheck:
             if mtime is not None:
                 m.set(partition, "lastFileModifiedTime", later(partition.get("lastFileModifiedTime"), stamp(mtime)))
             child = later(child, partition.get("lastFileModifiedTime"))
-        for found in (*new[0], *new[1]):
-            child = later(child, found["lastFileModifiedTime"])
+        if newest >= 0:
+            child = later(child, stamp(newest))
         if new[0]:
-            entity["dataPartitions"] = [*data, *new[0]]
+            entity["dataPartitions"] = [*data, m.splices.token(new[0])]
         if new[1]:
-            entity["incrementalPartitions"] = [*incremental, *new[1]]
+            entity["incrementalPartitions"] = [*incremental, m.splices.token(new[1])]
         if new[0] or new[1]:
             m.added += len(new[0]) + len(new[1])
             m.changed = True
@@ -276,28 +278,29 @@ class CdmCheck:
         return self._resolve(location, base) if isinstance(location, str) and location else None
 
     def _discover(self, entity: dict[str, Any], base: str, known: tuple[set[Any], set[Any]]):
-        """(new partition, is incremental) for files the patterns find that no partition lists yet."""
+        """(new partition's JSON, is incremental, file mtime) for files the patterns find that no partition lists
+        yet."""
         patterns: list[tuple[dict[str, Any], Pattern, bool]] = []
         for key, is_incremental in (("dataPartitionPatterns", False), ("incrementalPartitionPatterns", True)):
             for decl in entity.get(key) or ():
                 if isinstance(decl, dict) and (pattern := pattern_from_json(decl, is_incremental)) is not None:
                     patterns.append((decl, pattern, is_incremental))
-        winners: dict[str, tuple[_Maker, str, Any, int]] = {}
+        winners: dict[str, tuple[PartitionText, str, Any, int]] = {}
         for decl, pattern, is_incremental in patterns:
             root_location = pattern.root_location[:-1] if pattern.root_location.endswith("/") else \
                 pattern.root_location
             folder = self._resolve(root_location, base) if root_location else base
             if folder is None:
                 continue
-            make = _Maker(decl, pattern, is_incremental, self.now, self._stamp)
-            fullmatch, sdk = pattern.expression.fullmatch, self.precedence == "sdk"
+            make = PartitionText(decl, pattern, is_incremental, self.now, self._stamp)
+            fullmatch, sdk = pattern.fullmatch, self.precedence == "sdk"
             mine, other = known[is_incremental], known[not is_incremental]
             for name, mtime in self._files(folder):
                 key = folder + name
                 if key in mine or not sdk and key in other:
                     continue  # listed already: inferred partitions never replace one
                 try:
-                    match = fullmatch(name, timeout=MATCH_TIME_LIMIT_S)
+                    match = fullmatch(name)
                 except TimeoutError:
                     _log.warning("pattern.timed_out", pattern=pattern.name, file=name, limit_s=MATCH_TIME_LIMIT_S)
                     continue
@@ -306,48 +309,11 @@ class CdmCheck:
                 location = root_location + name if root_location else name[1:]  # the SDK's, or the folder's
                 if sdk:
                     mine.add(key)
-                    yield make(location, match, mtime), is_incremental
+                    yield make(location, match, mtime), is_incremental, mtime
                 else:
                     winners[key] = (make, location, match, mtime)
         for make, location, match, mtime in winners.values():
-            yield make(location, match, mtime), make.incremental
-
-
-class _Maker:
-    """Partitions as the SDK makes them from one pattern: the location, the pattern's specialized schema, its
-    traits (the incremental one naming the pattern; one list shared by them all), the captured arguments, and the
-    file's time."""
-
-    def __init__(self, decl: dict[str, Any], pattern: Pattern, incremental: bool, now: str, stamp: _Stamps) -> None:
-        self.incremental, self._now, self._stamp = incremental, now, stamp
-        self._schema = decl.get("specializedSchema")
-        self._parameters = pattern.parameters
-        self._groups = min(pattern.expression.groups or 0, len(pattern.parameters))
-        traits = json.loads(json.dumps(decl.get("exhibitsTraits") or []))
-        if incremental:
-            for trait in traits:
-                if isinstance(trait, dict) and trait.get("traitReference") == INCREMENTAL_TRAIT:
-                    args = trait.get("arguments")
-                    if isinstance(args, list):
-                        args.append({"name": PATTERN_NAME_ARGUMENT, "value": pattern.name})
-        self._traits = traits
-
-    def __call__(self, location: str, match: Any, mtime: int) -> dict[str, Any]:
-        partition: dict[str, Any] = {"location": location}
-        if self._schema:
-            partition["specializedSchema"] = self._schema
-        if self._traits:
-            partition["exhibitsTraits"] = self._traits
-        arguments = []
-        for name, value in zip(self._parameters, match.groups()[: self._groups], strict=False):
-            if value is None:  # a group that took no part: it and the rest give no argument
-                break
-            arguments.append({"name": name, "value": value})  # a group's last capture, as the SDK takes
-        if arguments:
-            partition["arguments"] = arguments
-        partition["lastFileStatusCheckTime"] = self._now
-        partition["lastFileModifiedTime"] = self._stamp(mtime)
-        return partition
+            yield make(location, match, mtime), make.incremental, mtime
 
 
 def check(root_manifest: Path, precedence: Precedence = "spec") -> Report:

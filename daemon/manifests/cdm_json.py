@@ -1,0 +1,84 @@
+"""Large CDM manifests written fast: partitions a check finds are made as JSON text, and spliced into the
+serialization of the rest of the document (no dict per partition, no second encoding of them).
+
+The result is the same JSON a dict would give (`tests/test_cdm_check.py` compares both with the CDM SDK).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from lakefeed.batch.discovery import INCREMENTAL_TRAIT, Pattern
+
+PATTERN_NAME_ARGUMENT = "incrementPartitionPatternName"
+_PLAIN = re.compile(r"[ !#-\[\]-~]*").fullmatch  # printable ASCII but `"` and `\`: quoted as it is
+_PARTITION_LISTS = ("dataPartitions", "incrementalPartitions")
+
+
+def quote(text: str) -> str:
+    """A JSON string."""
+    return f'"{text}"' if _PLAIN(text) else json.dumps(text, ensure_ascii=False)
+
+
+class PartitionText:
+    """Partitions as the SDK makes them from one pattern, as JSON text: the location, the pattern's specialized
+    schema, its traits (the incremental one naming the pattern), the captured arguments, and the times."""
+
+    def __init__(self, decl: dict[str, Any], pattern: Pattern, incremental: bool, now: str,
+                 stamp: Callable[[int], str]) -> None:
+        self.incremental, self._stamp = incremental, stamp
+        self._names = [quote(p) for p in pattern.parameters]
+        self._groups = min(pattern.expression.groups or 0, len(pattern.parameters))
+        traits = json.loads(json.dumps(decl.get("exhibitsTraits") or []))
+        if incremental:
+            for trait in traits:
+                if isinstance(trait, dict) and trait.get("traitReference") == INCREMENTAL_TRAIT:
+                    args = trait.get("arguments")
+                    if isinstance(args, list):
+                        args.append({"name": PATTERN_NAME_ARGUMENT, "value": pattern.name})
+        schema = decl.get("specializedSchema")
+        self._middle = (f',"specializedSchema":{quote(str(schema))}' if schema else "") + \
+            (f',"exhibitsTraits":{json.dumps(traits, ensure_ascii=False, separators=(",", ":"))}' if traits else "")
+        self._checked = f',"lastFileStatusCheckTime":"{now}","lastFileModifiedTime":"'
+
+    def __call__(self, location: str, match: Any, mtime: int) -> str:
+        arguments = []
+        for name, value in zip(self._names, match.groups()[: self._groups], strict=False):
+            if value is None:  # a group that took no part: it and the rest give no argument
+                break
+            arguments.append(f'{{"name":{name},"value":{quote(value)}}}')  # a group's last capture, as the SDK
+        listed = f',"arguments":[{",".join(arguments)}]' if arguments else ""
+        return f'{{"location":{quote(location)}{self._middle}{listed}{self._checked}{self._stamp(mtime)}"}}'
+
+
+class Splices:
+    """Partition texts standing in a document's partition lists as tokens until it is serialized."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, list[str]] = {}
+
+    def token(self, texts: list[str]) -> str:
+        token = f"\x00lakefeed:{len(self._texts)}\x00"
+        self._texts[token] = texts
+        return token
+
+    def count(self) -> int:
+        return sum(map(len, self._texts.values()))
+
+    def dumps(self, doc: dict[str, Any], compact: bool) -> str:
+        """The document's JSON: compact with the texts spliced in, or indented with them parsed back (small)."""
+        if not compact:
+            for entity in doc.get("entities") or ():
+                for key in _PARTITION_LISTS if isinstance(entity, dict) else ():
+                    if isinstance(entity.get(key), list):
+                        entity[key] = [p for item in entity[key] for p in (
+                            [json.loads(t) for t in self._texts[item]] if isinstance(item, str)
+                            and item in self._texts else [item])]
+            return json.dumps(doc, ensure_ascii=False, indent=2)
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        for token, texts in self._texts.items():
+            text = text.replace(json.dumps(token), ",".join(texts), 1)
+        return text
