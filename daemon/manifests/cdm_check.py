@@ -93,7 +93,8 @@ class CdmCheck:
         self.now = clock.to_cdm(clock.now())
         self._stamp = _Stamps()
         self._listings: dict[str, list[tuple[str, int]]] = {}  # folder -> ("/relative/path", mtime_ns), os.walk order
-        self._mtimes: dict[str, int] = {}  # every listed file's path -> mtime_ns
+        self._mtimes: dict[str, int] = {}  # listed files' paths -> mtime_ns, made when first asked
+        self._indexed: set[str] = set()  # the listed folders in _mtimes
         self._seen: set[Path] = set()
         self.report = Report()
 
@@ -117,9 +118,12 @@ class CdmCheck:
         return os.path.normpath(path) if "/." in path or "//" in path or path.endswith("/") else path
 
     def _mtime(self, path: str) -> int | None:
-        mtime = self._mtimes.get(path)
-        if mtime is not None or any(path.startswith(folder + "/") for folder in self._listings):
-            return mtime  # a listed folder says whether the file is there
+        listed = next((f for f in self._listings if path.startswith(f + "/")), None)
+        if listed is not None:  # a listed folder says whether the file is there
+            if listed not in self._indexed:
+                self._indexed.add(listed)
+                self._mtimes.update((listed + rel, mtime) for rel, mtime in self._listings[listed])
+            return self._mtimes.get(path)
         try:
             return os.stat(path).st_mtime_ns
         except OSError:
@@ -154,7 +158,6 @@ class CdmCheck:
                 except OSError:  # gone, or a link to nothing: as the SDK, not a file
                     continue
             stack.extend(reversed(folders))  # top-down, in scandir order, as os.walk
-        self._mtimes.update((folder + rel, mtime) for rel, mtime in out)
         self.report.files_listed += len(out)
         self._listings[folder] = out
         return out

@@ -78,7 +78,8 @@ class Splices:
                             [json.loads(t) for t in self._texts[item]] if isinstance(item, str)
                             and item in self._texts else [item])]
             return json.dumps(doc, ensure_ascii=False, indent=2)
-        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        pieces = [json.dumps(doc, ensure_ascii=False, separators=(",", ":"))]
         for token, texts in self._texts.items():
-            text = text.replace(json.dumps(token), ",".join(texts), 1)
-        return text
+            before, after = pieces.pop().split(json.dumps(token), 1)
+            pieces += [before, ",".join(texts), after]
+        return "".join(pieces)
