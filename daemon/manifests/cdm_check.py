@@ -289,6 +289,7 @@ class CdmCheck:
                 if isinstance(decl, dict) and (pattern := pattern_from_json(decl, is_incremental)) is not None:
                     patterns.append((decl, pattern, is_incremental))
         winners: dict[str, tuple[PartitionText, str, Any, int]] = {}
+        direct = len(patterns) == 1
         for decl, pattern, is_incremental in patterns:
             root_location = pattern.root_location[:-1] if pattern.root_location.endswith("/") else \
                 pattern.root_location
@@ -296,11 +297,11 @@ class CdmCheck:
             if folder is None:
                 continue
             make = PartitionText(decl, pattern, is_incremental, self.now, self._stamp)
-            fullmatch, sdk = pattern.fullmatch, self.precedence == "sdk"
+            fullmatch = pattern.expression.fullmatch if pattern.linear else pattern.fullmatch
+            sdk = self.precedence == "sdk"
             mine, other = known[is_incremental], known[not is_incremental]
             for name, mtime in self._files(folder):
-                key = folder + name
-                if key in mine or not sdk and key in other:
+                if (mine or other) and ((key := folder + name) in mine or not sdk and key in other):
                     continue  # listed already: inferred partitions never replace one
                 try:
                     match = fullmatch(name)
@@ -310,11 +311,13 @@ class CdmCheck:
                 if match is None:
                     continue
                 location = root_location + name if root_location else name[1:]  # the SDK's, or the folder's
-                if sdk:
-                    mine.add(key)
+                if direct:  # the only pattern: what it finds is the entity's, whatever the precedence
+                    yield make(location, match, mtime), is_incremental, mtime
+                elif sdk:
+                    mine.add(folder + name)
                     yield make(location, match, mtime), is_incremental, mtime
                 else:
-                    winners[key] = (make, location, match, mtime)
+                    winners[folder + name] = (make, location, match, mtime)
         for make, location, match, mtime in winners.values():
             yield make(location, match, mtime), make.incremental, mtime
 

@@ -30,7 +30,7 @@ class PartitionText:
     def __init__(self, decl: dict[str, Any], pattern: Pattern, incremental: bool, now: str,
                  stamp: Callable[[int], str]) -> None:
         self.incremental, self._stamp = incremental, stamp
-        self._names = [quote(p) for p in pattern.parameters]
+        self._names = [f'{{"name":{quote(p)},"value":' for p in pattern.parameters]
         self._groups = min(pattern.expression.groups or 0, len(pattern.parameters))
         traits = json.loads(json.dumps(decl.get("exhibitsTraits") or []))
         if incremental:
@@ -45,13 +45,17 @@ class PartitionText:
         self._checked = f',"lastFileStatusCheckTime":"{now}","lastFileModifiedTime":"'
 
     def __call__(self, location: str, match: Any, mtime: int) -> str:
+        """`location` ends with the matched path: when that is plain, so are the captures taken from it."""
+        plain = _PLAIN(location) is not None
         arguments = []
         for name, value in zip(self._names, match.groups()[: self._groups], strict=False):
             if value is None:  # a group that took no part: it and the rest give no argument
                 break
-            arguments.append(f'{{"name":{name},"value":{quote(value)}}}')  # a group's last capture, as the SDK
+            # A group's last capture, as the SDK takes.
+            arguments.append(f'{name}"{value}"}}' if plain else f"{name}{quote(value)}}}")
         listed = f',"arguments":[{",".join(arguments)}]' if arguments else ""
-        return f'{{"location":{quote(location)}{self._middle}{listed}{self._checked}{self._stamp(mtime)}"}}'
+        where = f'"{location}"' if plain else quote(location)
+        return f'{{"location":{where}{self._middle}{listed}{self._checked}{self._stamp(mtime)}"}}'
 
 
 class Splices:
