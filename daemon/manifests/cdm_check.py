@@ -71,11 +71,11 @@ class _Stamps:
         self._seconds: dict[int, str] = {}
 
     def __call__(self, mtime_ns: int) -> str:
-        second, rest = divmod(mtime_ns, 1_000_000_000)
-        prefix = self._seconds.get(second)
+        ms = mtime_ns // 1_000_000
+        prefix = self._seconds.get(ms // 1000)
         if prefix is None:
-            prefix = self._seconds[second] = clock.to_cdm(datetime.fromtimestamp(second, UTC))[:-5]
-        return f"{prefix}.{rest // 1_000_000:03d}Z"
+            prefix = self._seconds[ms // 1000] = clock.to_cdm(datetime.fromtimestamp(ms // 1000, UTC))[:-5]
+        return f"{prefix}.{ms % 1000:03d}Z"
 
 
 def _later(a: str | None, b: str | None) -> str | None:
@@ -144,17 +144,19 @@ class CdmCheck:
         stack = [(folder, "")]
         while stack:
             path, rel = stack.pop()
+            rel += "/"
             folders = []
             try:
                 entries = list(os.scandir(path))
             except OSError:
                 continue
+            add = out.append
             for entry in entries:
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        folders.append((entry.path, f"{rel}/{entry.name}"))
+                        folders.append((entry.path, rel + entry.name))
                     else:
-                        out.append((f"{rel}/{entry.name}", entry.stat().st_mtime_ns))
+                        add((rel + entry.name, entry.stat().st_mtime_ns))
                 except OSError:  # gone, or a link to nothing: as the SDK, not a file
                     continue
             stack.extend(reversed(folders))  # top-down, in scandir order, as os.walk
