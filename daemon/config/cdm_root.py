@@ -18,10 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lakefeed.config import data_manifest, synapse
+from lakefeed.config import data_manifest, described, synapse
 
 KEY = "cdm_root"
-_ALLOWED = {KEY, "defaults", "overrides"}
 
 
 class TreeError(ValueError):
@@ -40,7 +39,7 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
     TreeError."""
     out: list[Any] = []
     origin: list[tuple[int, str | None]] = []
-    described: list[Path] = []
+    files: list[Path] = []
     for i, raw in enumerate(entities):
         key = next((k for k in _EXPANDERS if isinstance(raw, dict) and k in raw), None)
         if key is None:
@@ -54,8 +53,8 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
         out.extend(found)
         origin.extend((i, e["name"]) for e in found)
         if key == data_manifest.KEY:
-            described.append(data_manifest.location(raw, base_dir))
-    return out, origin, described
+            files.append(described.entry(raw, key, base_dir)[0])
+    return out, origin, files
 
 
 def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tuple[Any, ...]:
@@ -68,15 +67,7 @@ def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tu
 
 
 def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
-    unknown = sorted(set(raw) - _ALLOWED)
-    if unknown:
-        raise TreeError(f"unknown key(s) {', '.join(unknown)} beside cdm_root: use defaults (for every entity of "
-                        "the tree) or overrides (by entity name)")
-    defaults, overrides = raw.get("defaults") or {}, raw.get("overrides") or {}
-    if not isinstance(defaults, dict) or not isinstance(overrides, dict):
-        raise TreeError("defaults and overrides must be mappings")
-    root = Path(str(raw[KEY]))
-    root = (root if root.is_absolute() else base_dir / root).resolve()
+    root, defaults, overrides = described.entry(raw, KEY, base_dir)
     found: list[dict[str, Any]] = []
     for manifest, parents, entity in _local_entities(root, root.parent, set(), ()):
         name = entity["entityName"]
@@ -84,10 +75,7 @@ def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
                  "cdm_parents": [str(p) for p in parents]}
         entry.setdefault("source", {"type": "local_dir", "path": str(manifest.parent)})
         found.append(entry)
-    names = [e["name"] for e in found]
-    missing = sorted(set(overrides) - set(names))
-    if missing:
-        raise TreeError(f"overrides name entities the tree of {root} does not declare: {', '.join(missing)}")
+    described.check_overrides(overrides, [e["name"] for e in found], f"the tree of {root}")
     if not found:
         raise TreeError(f"{root} and its sub-manifests declare no local entity")
     return found

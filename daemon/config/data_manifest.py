@@ -21,10 +21,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
+from lakefeed.config import described
 from lakefeed.config.base import Frozen
 
 KEY = "data_manifest"
-_ALLOWED = {KEY, "defaults", "overrides"}
 _SOURCE_KEYS = {"type", "file", "format", "delimiter", "entity", "builder", "header", "columns", "ids", "metadata",
                 "source_type", "source_attribute", "entity_type"}
 # The seed's attribute types (its Java names), and what LensKit's entity types give attributes by default.
@@ -74,13 +74,7 @@ class ManifestError(ValueError):
 
 
 def entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
-    unknown = sorted(set(raw) - _ALLOWED)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} beside data_manifest: use defaults or overrides")
-    defaults, overrides = raw.get("defaults") or {}, raw.get("overrides") or {}
-    if not isinstance(defaults, dict) or not isinstance(overrides, dict):
-        raise ValueError("defaults and overrides must be mappings")
-    path = location(raw, base_dir)
+    path, defaults, overrides = described.entry(raw, KEY, base_dir)
     try:
         text = path.read_text(encoding="utf-8")
         node, doc = yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
@@ -91,16 +85,8 @@ def entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
         raise ManifestError(f"{path}:{mark.line + 1 if mark else 1}: (yaml)", str(getattr(exc, "problem", exc))) \
             from exc
     found = _Reader(path, node).entities(doc)
-    names = {e["name"] for e in found}
-    missing = sorted(set(overrides) - names)
-    if missing:
-        raise ValueError(f"overrides name entities {path} does not describe: {', '.join(missing)}")
+    described.check_overrides(overrides, [e["name"] for e in found], str(path))
     return [{**e, **defaults, **(overrides.get(e["name"]) or {})} for e in found]
-
-
-def location(raw: dict[str, Any], base_dir: Path) -> Path:
-    path = Path(str(raw[KEY]))
-    return (path if path.is_absolute() else base_dir / path).resolve()
 
 
 class _Reader:

@@ -17,14 +17,14 @@ from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo,
 from lakefeed.config import cdm_root
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
-from lakefeed.config.data_manifest import TextFileFormat
+from lakefeed.config.formats import CsvFormat, FileFormat, JsonFormat, ModelJsonFormat, ParquetFormat
 from lakefeed.config.limits import Limits
 from lakefeed.config.manifests import Kartothek, Msc, clashes
 from lakefeed.config.sources import FILES, KafkaSource, LocalDirSource, PushSource, S3Source, S3Storage
 from lakefeed.errors import ConfigError
 
-__all__ = ["FILES", "KafkaSource", "LocalDirSource", "Location", "PushSource", "ResolvedPath", "S3Source",
-           "S3Storage"]
+__all__ = ["FILES", "CsvFormat", "FileFormat", "JsonFormat", "KafkaSource", "LocalDirSource", "Location",
+           "ModelJsonFormat", "ParquetFormat", "PushSource", "ResolvedPath", "S3Source", "S3Storage"]
 
 IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
 
@@ -51,45 +51,6 @@ class PatternSpec(Frozen):
             except re.error as exc:
                 raise ValueError(f"regular_expression does not compile: {exc}") from exc
         return self
-
-
-class CsvFormat(Frozen):
-    kind: Literal["csv"] = "csv"
-    header: bool = True
-    delimiter: str = Field(default=",", min_length=1, max_length=1)
-    quote: str = Field(default='"', min_length=1, max_length=1)
-    encoding: str = "utf-8"
-    null_value: str = ""
-    multiline: bool = Field(default=False, description="Quoted values may span lines (parsing is slower).")
-
-    @field_validator("encoding")
-    @classmethod
-    def _known_encoding(cls, value: str) -> str:
-        import codecs
-
-        try:
-            codecs.lookup(value)
-        except LookupError as exc:
-            raise ValueError(f"unknown encoding {value!r}") from exc
-        return value
-
-
-class JsonFormat(Frozen):
-    kind: Literal["json", "ndjson"]
-
-
-class ParquetFormat(Frozen):
-    kind: Literal["parquet"]
-
-
-class ModelJsonFormat(Frozen):
-    """Header-less CSV in a folder described by a legacy CDM model.json (Synapse Link): docs/model-json.md."""
-
-    kind: Literal["model_json"]
-
-
-FileFormat = Annotated[CsvFormat | JsonFormat | ParquetFormat | ModelJsonFormat | TextFileFormat,
-                       Field(discriminator="kind")]
 
 
 Strategy = Literal["append", "ledger", "snapshot", "upsert", "delete", "upsert_and_delete", "insert", "update",

@@ -18,25 +18,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lakefeed.config import described
+
 KEY = "synapse_root"
 MODEL = "model.json"
 FOLDER_PATTERN = r"\d{4}-\d{2}-\d{2}T\d{2}\.\d{2}\.\d{2}Z"  # Synapse Link's timestamp folders
-_ALLOWED = {KEY, "tables", "defaults", "overrides"}
 CDC = {"strategy": "upsert_and_delete", "primary_key": ["Id"], "sequence_by": ["versionnumber"],
        "delete_column": "IsDelete"}
 
 
 def entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
     """The entities of the Synapse Link folder; ValueError saying what to fix."""
-    unknown = sorted(set(raw) - _ALLOWED)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} beside synapse_root: use tables, defaults or "
-                         "overrides")
-    defaults, overrides = raw.get("defaults") or {}, raw.get("overrides") or {}
-    if not isinstance(defaults, dict) or not isinstance(overrides, dict):
-        raise ValueError("defaults and overrides must be mappings")
-    root = Path(str(raw[KEY]))
-    root = (root if root.is_absolute() else base_dir / root).resolve()
+    root, defaults, overrides = described.entry(raw, KEY, base_dir, extra=("tables",))
     tables = raw.get("tables")
     if tables is None:
         tables = sorted(found_tables(root))
@@ -45,9 +38,7 @@ def entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
                              "tables to take in `tables:`")
     elif not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
         raise ValueError("tables must be a list of table names")
-    missing = sorted(set(overrides) - set(tables))
-    if missing:
-        raise ValueError(f"overrides name tables that are not taken: {', '.join(missing)}")
+    described.check_overrides(overrides, tables, f"the tables taken from {root}")
     return [{
         "name": table,
         "source": {"type": "local_dir", "path": str(root), "complete_marker": MODEL},
