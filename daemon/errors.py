@@ -16,10 +16,10 @@ class TerminalError(LakefeedError):
 
 
 class ManifestError(TerminalError):
-    """A CDM manifest cannot be read or does not describe the entity; `stamp` is the (mtime, size) of the file
-    as it was read, so a change to it (a fix) can be told from the version that failed."""
+    """A CDM manifest cannot be read or does not describe the entity; `stamp` is the version of the file as it
+    was read (`cdm_manifest.file_version`), so a change to it (a fix) can be told from the version that failed."""
 
-    stamp: tuple[int, int] | None = None
+    stamp: tuple[int, ...] | None = None
 
 
 class Abandoned(Exception):  # noqa: N818 (not a fault: what happened to the batch)

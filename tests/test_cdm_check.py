@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lakefeed.batch.discovery import Discovery
@@ -318,3 +318,68 @@ def test_large_manifests_spliced_as_text_are_the_json_a_dict_would_be(tmp_path, 
             assert "\n" not in manifest.read_text().strip()  # the compact, spliced form
             assert _ours(manifest)["entities"] == _sdk(root, manifest.name)["entities"]
     assert documents[0] == documents[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(files=st.lists(st.tuples(st.sampled_from(["/f1.csv", "/x2.csv", "/2024/f3.csv", '/q"4.csv', "/é5.csv",
+                                                 "/100%6.csv", "/f.csv", "/g7.txt"]),
+                                st.integers(0, 2**62)), max_size=8),
+       root=st.sampled_from(["", "data", "da%ta"]),
+       expression=st.sampled_from(["/(?:(x)|f)(\\d)\\.csv", "/(.*?)(\\d)?\\.csv", "/.*", "(?:/(\\d{4}))?/[^/]+"]))
+def test_partition_texts_made_in_one_pass_are_those_made_file_by_file(files, root, expression):
+    """`PartitionText.many` (one `%` format per file where every name is plain) gives the text of one call per
+    file: quotes, non-ASCII, `%` in names, parameters and traits, captures that took no part."""
+    from lakefeed.batch.discovery import pattern_from_json
+    from lakefeed.manifests.cdm_json import PartitionText, Stamps
+
+    decl = {"name": "p%s", "rootLocation": root, "regularExpression": expression, "parameters": ["a%d", "b"],
+            "exhibitsTraits": [{"traitReference": "is.partition.format.CSV",
+                                "arguments": [{"name": "delimiter", "value": "%s"}]}]}
+    pattern = pattern_from_json(decl, False)
+    make = PartitionText(decl, pattern, False, "2026-11-23T10:00:00.000Z", Stamps())
+    texts, newest = make.many(root, files, pattern.expression.fullmatch)
+    one_by_one = [(make((root + name)[0 if root else 1:], match, mtime), mtime) for name, mtime in files
+                  if (match := pattern.expression.fullmatch(name)) is not None]
+    assert texts == [text for text, _ in one_by_one]
+    assert newest == max((mtime for _, mtime in one_by_one), default=-1)
+    assert all(json.loads(text)["location"] for text in texts)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SLOW)
+@given(landed=files, pattern_list=patterns, explicit=st.lists(names, max_size=2, unique=True))
+def test_with_sdk_precedence_the_daemon_writes_what_the_sdk_finds(landed, pattern_list, explicit):
+    """The daemon's manifest after a batch of the folder's files (`pattern_precedence: sdk`) equals what the SDK's
+    fileStatusCheck makes of the same folder: a file both kinds of pattern find is ingested once and listed in
+    both lists; partitions, arguments, traits, file times and the manifest's times agree."""
+    from lakefeed.config import model as config
+    from lakefeed.inbox.files import FileEvent, Inbox
+    from lakefeed.pipeline.commit import Sinks
+    from lakefeed.pipeline.entity import EntityPipeline
+    from tests.conftest import write_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        landing = work / "landing"
+        landing.mkdir()
+        _land(landing, landed)
+        manifest = landing / "default.manifest.cdm.json"
+        original = json.dumps(_manifest(pattern_list, explicit))
+        manifest.write_text(original)
+        os.utime(manifest, ns=(BASE_NS, BASE_NS))
+        entity = {"name": "E", "source": {"type": "local_dir", "path": "landing"}, "manifest": str(manifest),
+                  "format": {"kind": "csv", "header": True}, "pattern_precedence": "sdk",
+                  "cdc": {"strategy": "upsert", "primary_key": ["id"]}}
+        cfg = config.load(write_config(work, [entity])).entities[0]
+        cfg.checkpoint.mkdir(parents=True)
+        (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
+        pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        pipeline.prepare()
+        inbox = Inbox(cfg.state / "inbox")
+        result = pipeline.process(inbox.offer([FileEvent.of(landing / rel) for rel in sorted(landed)]), 0)
+        assume(result.files > 0)  # the daemon writes the manifest after a commit; a batch of nobody's files has none
+
+        peer = work / "peer"  # the same folder (with the schema document lakefeed wrote), the manifest as it was
+        shutil.copytree(landing, peer)
+        (peer / manifest.name).write_text(original)
+        os.utime(peer / manifest.name, ns=(BASE_NS, BASE_NS))
+        assert _ours(manifest) == _sdk(peer, manifest.name)

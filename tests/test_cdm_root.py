@@ -26,6 +26,9 @@ def _entity(name: str, root: str, **extra) -> dict:
 def _tree(landing: Path) -> None:
     """default: Sales, Items and a borrowed Customers; sub-manifest shop/: Orders (with an incremental pattern)."""
     (landing / "shop").mkdir(parents=True)
+    (landing / "crm").mkdir()
+    (landing / "crm" / "crm.manifest.cdm.json").write_text(json.dumps({  # owns Customers; no entry of the config
+        "manifestName": "crm", "jsonSchemaSemanticVersion": "1.0.0", "entities": [_entity("Customers", "people")]}))
     (landing / "default.manifest.cdm.json").write_text(json.dumps({
         "manifestName": "default", "jsonSchemaSemanticVersion": "1.0.0",
         "entities": [_entity("Sales", "sales"), _entity("Items", "items"),
@@ -124,8 +127,25 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
         wait_for(root_knows_shop, 30, 0.2, "the root's subManifests declaration current")
         orders = DeltaTable(str(tmp_path / "lake" / "Orders" / "table")).to_pyarrow_table()
         assert sorted(zip(orders["id"].to_pylist(), orders["v"].to_pylist(), strict=True)) == [(1, "y"), (2, "y")]
-        assert "Customers" not in {e["entityName"] for e in json.loads(root.read_text())["entities"]
-                                   if e.get("lastFileStatusCheckTime")}  # the borrowed one is never written
+        crm = landing / "crm" / "crm.manifest.cdm.json"
+        customers = next(e for e in json.loads(root.read_text())["entities"] if e["entityName"] == "Customers")
+        assert customers["lastFileModifiedTime"] == clock.to_cdm(clock.from_ns(crm.stat().st_mtime_ns))
+        assert "lastFileStatusCheckTime" in customers  # the borrowed entity is checked; its owner is only read
+        assert "lastFileStatusCheckTime" not in crm.read_text()
+
+        # An entity added to a manifest of the tree by hand joins without a SIGHUP; the daemon's own writes of
+        # the manifests (every batch above) were no config change.
+        assert daemon.events("config.changed") == 0
+        doc = json.loads(shop.read_text())
+        doc["entities"].append(_entity("Returns", "returns"))
+        shop.write_text(json.dumps(doc))
+        wait_for(lambda: daemon.events("reload.applied") == 1, 60, 0.2, "the reload an edit of the tree makes")
+        land(landing / "shop" / "returns" / "r1.csv", "id,v\n7,r\n")
+        wait_for(lambda: partitions(shop, "Returns", "dataPartitions") == ["returns/r1.csv"], 90, 0.5, "Returns")
+        returns = DeltaTable(str(tmp_path / "lake" / "Returns" / "table")).to_pyarrow_table()
+        assert returns["id"].to_pylist() == [7]
+        assert partitions(shop, "Orders", "incrementalPartitions") == ["orders/o1.csv", "orders/o2.csv"]
+        assert daemon.events("config.changed") == 1
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(60) == 0
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pytest
@@ -127,12 +128,49 @@ def test_crash_after_table_commit_is_completed_on_replay(setup, monkeypatch):
 
 def test_crash_before_manifest_write_is_repaired_by_next_batch(setup, monkeypatch):
     cfg, pipeline, inbox = setup
-    save = cdm_manifest.save
-    monkeypatch.setattr(cdm_manifest, "save", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    save = cdm_manifest.save_text
+    monkeypatch.setattr(cdm_manifest, "save_text", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError):
         pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
     assert rows(cfg.table).num_rows == 1  # committed, but the manifest missed it
-    monkeypatch.setattr(cdm_manifest, "save", save)
+    monkeypatch.setattr(cdm_manifest, "save_text", save)
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
+    entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
+    assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv"]
+
+
+def test_an_unchanged_manifest_is_not_parsed_again_but_any_edit_is_seen(setup, monkeypatch):
+    cfg, pipeline, inbox = setup
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    loads = []
+    load = cdm_manifest.load
+    monkeypatch.setattr(cdm_manifest, "load", lambda path: loads.append(path) or load(path))
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
+    assert cfg.manifest not in loads  # the batch used the document it wrote itself
+    # An edit in place that keeps the file's size and time (a tick of the file system's clock) is seen all the same.
+    before = cfg.manifest.stat()
+    with open(cfg.manifest, "r+", encoding="utf-8") as f:
+        text = f.read().replace('"default"', '"defaulT"', 1)
+        f.seek(0)
+        f.write(text)
+    os.utime(cfg.manifest, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert cfg.manifest.stat().st_size == before.st_size
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/c.csv", "id\n3\n")), 2)
+    doc = cdm_manifest.load(cfg.manifest)
+    assert doc["manifestName"] == "defaulT"  # the edit is kept: the batch read the file again
+    entity = cdm_manifest.find_entity(doc, "sales")
+    assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv", "sales/c.csv"]
+
+
+def test_a_manifest_deleted_after_an_upgrade_comes_back_from_the_old_state_file(setup):
+    cfg, pipeline, inbox = setup
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    state = cfg.state / "manifest_state.json"  # as an earlier lakefeed wrote it: the declaration in the state
+    entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
+    state.write_text(json.dumps(json.loads(state.read_text()) | {"entity": entity}))
+    (cfg.state / "manifest_copy.cdm.json").unlink()
+    cfg.manifest.unlink()
+    pipeline = _pipeline(cfg)
     pipeline.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
     entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
     assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv"]

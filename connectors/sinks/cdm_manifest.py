@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from lakefeed.errors import ManifestError
 
 JSON_SCHEMA_VERSION = "1.0.0"
+_writes: Counter[Path] = Counter()
+_written: dict[Path, tuple[int, int, int]] = {}  # (inode, mtime, size) of each file as this process last wrote it
 
 
 def new_manifest(name: str) -> dict[str, Any]:
@@ -24,6 +27,18 @@ def new_manifest(name: str) -> dict[str, Any]:
         "imports": [{"corpusPath": "cdm:/foundations.cdm.json"}],
         "entities": [],
     }
+
+
+def file_version(path: Path) -> tuple[int, ...] | None:
+    """(inode, mtime, ctime, size) of a file: changes when anybody replaces or edits it (None: no file)."""
+    try:
+        return _version(path.stat())
+    except OSError:
+        return None
+
+
+def _version(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -40,10 +55,10 @@ def load(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         fault = ManifestError(f"manifest {path} is not valid JSON ({exc}); fix or restore it — lakefeed left it "
                               "untouched")
-        fault.stamp = (st.st_mtime_ns, st.st_size)
+        fault.stamp = _version(st)
         raise fault from exc
     except ManifestError as fault:
-        fault.stamp = (st.st_mtime_ns, st.st_size)
+        fault.stamp = _version(st)
         raise
 
 
@@ -99,14 +114,36 @@ def shape_fault(doc: dict[str, Any]) -> str | None:
     return None
 
 
+def dumps(doc: dict[str, Any], compact: bool = False) -> str:
+    """A document's JSON text. `compact`: without indentation, which json serializes in C (large manifests: a
+    fraction of the time and size)."""
+    return json.dumps(doc, ensure_ascii=False, **({"separators": (",", ":")} if compact else {"indent": 2}))
+
+
 def save(path: Path, doc: dict[str, Any], compact: bool = False) -> None:
-    """Write the whole document atomically. `compact`: without indentation, which json serializes in C (large
-    manifests: a fraction of the time and size)."""
-    save_text(path, json.dumps(doc, ensure_ascii=False, **({"separators": (",", ":")} if compact else {"indent": 2})))
+    """Write the whole document atomically."""
+    save_text(path, dumps(doc, compact))
+
+
+def writes(path: Path) -> int:
+    """How many times this process has written the file: a copy parsed before the last write is stale, even when
+    the new file has the old one's size and time (two writes within one tick of the file system's clock)."""
+    return _writes[path.resolve()]
+
+
+def written_here(path: Path) -> bool:
+    """Whether the file is as this process last wrote it (a change it made itself, not somebody else's edit)."""
+    resolved = path.resolve()
+    try:
+        st = resolved.stat()
+    except OSError:
+        return False
+    return _written.get(resolved) == (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def save_text(path: Path, text: str) -> None:
     """Write a document's JSON text to a temporary file beside it, fsync, then rename over it."""
+    _writes[path.resolve()] += 1  # before the rename: a reader that parses between the two sees a count it lacks
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -115,6 +152,9 @@ def save_text(path: Path, text: str) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+            st = os.fstat(f.fileno())
+        # Known before the rename: a watcher told of it may ask at once (the rename moves the change time only).
+        _written[path.resolve()] = st.st_ino, st.st_mtime_ns, st.st_size
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

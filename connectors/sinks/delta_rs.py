@@ -143,7 +143,7 @@ class DeltaRsSink(TableSink):
         if plan.snapshot:
             merger = (merger.when_matched_update(values, predicate=changed)
                       .when_not_matched_insert(values)
-                      .when_not_matched_by_source_delete())
+                      .when_not_matched_by_source_delete(predicate=_within(plan.scope)))
         else:
             newer = _newer(plan.sequence)
             inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
@@ -254,6 +254,21 @@ def _may_hold(table: DeltaTable, column: str, values: pa.Array) -> ds.Dataset:
 
 def _col(alias: str, name: str) -> str:
     return f'{alias}."{name}"'
+
+
+def _within(scope: tuple[str, tuple[str, ...]] | None) -> str | None:
+    """The table rows a scoped snapshot replaces: those whose scope column holds one of its values."""
+    if scope is None:
+        return None
+    column, values = scope
+    if not values:
+        return "FALSE"
+    return f"{_col('t', column)} IN ({', '.join(_text(v) for v in values)})"
+
+
+def _text(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _newer(seq: tuple[str, ...]) -> str:

@@ -3,12 +3,12 @@
 Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__order`
 (inbox offset and row number: arrival order). A batch is reduced to one change per key:
 the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
-keeps the first row of a key instead, snapshot keeps the batch's last snapshot file); a
-change ranked after a delete of its key applies to an absent key, as batch by batch. The
-table sink applies the reduced batch in one MERGE; what the merge changed (the table's
-change data feed) becomes the changelog: insert → 0 append (+A), delete → 1 retract (-R,
-with the old row), update → 2 correct-from (-C, old values) immediately followed by
-3 correct-to (+C, new values).
+keeps the first row of a key instead, snapshot keeps the batch's last snapshot file, of
+each scope with `snapshot_scope`); a change ranked after a delete of its key applies to an
+absent key, as batch by batch. The table sink applies the reduced batch in one MERGE; what
+the merge changed (the table's change data feed) becomes the changelog: insert → 0 append
+(+A), delete → 1 retract (-R, with the old row), update → 2 correct-from (-C, old values)
+immediately followed by 3 correct-to (+C, new values).
 """
 
 from __future__ import annotations
@@ -45,6 +45,18 @@ class MergePlan:
     compare: tuple[str, ...]  # a matched row changes only if one of these differs
     snapshot: bool  # rows are the whole state: keys not in the batch are deleted
     insert_updates_of_absent: bool
+    scope: tuple[str, tuple[str, ...]] | None = None  # snapshot: only rows with these values of this column
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a batch of a snapshot entity makes the state: the rows of `files` (the last file of each scope,
+    less those retracted), replacing the whole table, or with `snapshot_scope` only the rows of `scopes`.
+    `current` is what the table's commit records as its current snapshot (a location, or scope -> location)."""
+
+    files: tuple[str, ...]
+    scopes: tuple[str, ...] | None
+    current: str
 
 
 def file_kind(cfg: CdcConfig, incremental_type: str | None) -> str:
@@ -110,14 +122,15 @@ def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
 
 
 def reduce(data: pa.Table, cfg: CdcConfig,
-           snapshot_file: str | None = None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+           snapshot: Snapshot | None = None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """One row per key: the winning change of the batch, and the updates quarantined on the way.
 
-    With a snapshot strategy, `snapshot_file` is the batch's last snapshot file: it is the
-    whole state (even when empty), and earlier snapshots in the batch are superseded.
+    With a snapshot strategy, the rows of the snapshot's files are the whole state (of their
+    scopes; even when empty), and earlier snapshots in the batch are superseded.
     """
     if cfg.strategy == "snapshot":
-        data = data.filter(pc.equal(data.column("source_file"), snapshot_file or ""))
+        files = pa.array(snapshot.files if snapshot is not None else (), pa.string())
+        data = data.filter(pc.is_in(data.column("source_file"), value_set=files))
     sort = [(k, "ascending") for k in cfg.primary_key]
     sort += [(c, "ascending") for c in cfg.sequence_by] + [(ORDER, "ascending")]
     data = data.sort_by(sort)
@@ -170,10 +183,14 @@ def _after_deletes(data: pa.Table, new_key: np.ndarray, update_of_absent: str) -
     return out.set_column(out.schema.get_field_index(KIND), KIND, kind), bad
 
 
-def plan(cfg: CdcConfig, data_columns: list[str]) -> MergePlan:
+def plan(cfg: CdcConfig, data_columns: list[str], snapshot: Snapshot | None = None) -> MergePlan:
     keys = cfg.primary_key
     compare = cfg.compare_columns or tuple(c for c in data_columns if c not in keys)
-    return MergePlan(keys, cfg.sequence_by, compare, cfg.strategy == "snapshot", cfg.update_of_absent == "insert")
+    scope = None
+    if cfg.snapshot_scope is not None:  # no scopes known: no row of the table is deleted
+        scope = (cfg.snapshot_scope, (snapshot.scopes or ()) if snapshot is not None else ())
+    return MergePlan(keys, cfg.sequence_by, compare, cfg.strategy == "snapshot", cfg.update_of_absent == "insert",
+                     scope)
 
 
 def changelog_rows(changes: pa.Table, source: pa.Table, keys: tuple[str, ...], first_offset: int, batch_id: int,

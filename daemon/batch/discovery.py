@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import re._constants as re_constants
 import re._parser as re_parser
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,28 +213,37 @@ def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern
 class Discovery:
     """Matches relative file paths (relative to the manifest folder) to partitions."""
 
-    def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[Partition] = (), first_wins: bool = False
-                 ) -> None:
+    def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[tuple[Partition, bool]] = (),
+                 first_wins: bool = False) -> None:
         self.patterns = tuple(patterns)
         self.first_wins = first_wins  # `pattern_precedence: sdk`: as the CDM SDK, the first pattern that matches
-        self._explicit = {normalize_location(p.location): p for p in explicit}
+        self._explicit: dict[str, Partition] = {}
+        self._lists: dict[str, set[bool]] = {}  # location -> the lists that name it (incremental: True)
+        for partition, incremental in explicit:
+            location = normalize_location(partition.location)
+            self._explicit[location] = partition
+            self._lists.setdefault(location, set()).add(incremental)
         self.timed_out: dict[str, str] = {}  # path -> the pattern that took too long on it
 
     @classmethod
-    def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = (), precedence: str = "spec"
-                    ) -> Discovery:
-        """From a local entity declaration; partitions whose locations lakefeed wrote are not explicit.
+    def from_entity(cls, entity: dict[str, Any], owned: Collection[str] = (), precedence: str = "spec",
+                    doubled: Mapping[str, bool] | None = None) -> Discovery:
+        """From a local entity declaration; partitions whose locations lakefeed wrote are not explicit: those of
+        `owned`, and those of `doubled` in the list it names (see `also`).
         `precedence`: of several matching patterns the last processed wins (`spec`) or the first (`sdk`)."""
+        doubled = doubled or {}
         patterns = [pattern_from_json(p, False) for p in entity.get("dataPartitionPatterns") or ()]
         patterns += [pattern_from_json(p, True) for p in entity.get("incrementalPartitionPatterns") or ()]
         explicit = []
         for key, incremental in (("dataPartitions", False), ("incrementalPartitions", True)):
             for decl in entity.get(key) or ():
                 location = decl.get("location")
-                if not location or normalize_location(location) in owned:
+                if not location or normalize_location(location) in owned or \
+                        doubled.get(normalize_location(location)) is incremental:
                     continue
                 kind = (_trait_args(decl, INCREMENTAL_TRAIT) or {}).get("type") if incremental else None
-                explicit.append(Partition(location, parse_arguments(decl.get("arguments")), kind, None, True))
+                explicit.append((Partition(location, parse_arguments(decl.get("arguments")), kind, None, True),
+                                 incremental))
         return cls([p for p in patterns if p is not None], explicit, first_wins=precedence == "sdk")
 
     def match(self, relative_path: str) -> Partition | None:
@@ -243,18 +252,36 @@ class Discovery:
             return explicit
         found = None
         for pattern in self.patterns:  # the last pattern processed takes precedence
-            try:
-                partition = match_pattern(pattern, relative_path)
-            except TimeoutError:
-                self.timed_out[relative_path] = pattern.name
-                _log.warning("pattern.timed_out", pattern=pattern.name, file=relative_path,
-                             limit_s=MATCH_TIME_LIMIT_S)
-                continue
+            partition = self._match(pattern, relative_path)
             if partition is not None:
                 if self.first_wins:
                     return partition
                 found = partition
         return found
+
+    def also(self, relative_path: str, found: Partition) -> Partition | None:
+        """With `sdk` precedence, the partition the other list's patterns give a file as well: the CDM SDK checks
+        data and incremental patterns each against its own list, so a file both kinds find is listed in both
+        (in a list that names it already, it is not listed again). None with `spec` precedence: one partition."""
+        if not self.first_wins:
+            return None
+        listed = set(self._lists.get(normalize_location(relative_path), ()))
+        if not found.explicit:
+            listed.add(found.incremental_type is not None)
+        for pattern in self.patterns:  # the first of the other list's patterns that matches
+            if (pattern.incremental_type is not None) not in listed:
+                partition = self._match(pattern, relative_path)
+                if partition is not None:
+                    return partition
+        return None
+
+    def _match(self, pattern: Pattern, relative_path: str) -> Partition | None:
+        try:
+            return match_pattern(pattern, relative_path)
+        except TimeoutError:
+            self.timed_out[relative_path] = pattern.name
+            _log.warning("pattern.timed_out", pattern=pattern.name, file=relative_path, limit_s=MATCH_TIME_LIMIT_S)
+            return None
 
 
 def match_pattern(pattern: Pattern, relative_path: str) -> Partition | None:

@@ -32,6 +32,7 @@ class Landed:
 
     def __init__(self, path: Path, root: Path, follow_symlinks: bool) -> None:
         self.origin = path  # where it landed (a model.json folder's file is read with that folder's model)
+        self.root, self.follow_symlinks = root, follow_symlinks  # how a file beside it is opened alike
         target = path
         if follow_symlinks and path.is_symlink():
             target = Path(os.path.realpath(path))

@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from lakefeed.batch import model_json, textfile
+from lakefeed.batch import joda, model_json, textfile
 from lakefeed.batch.schema import cast_to, delta_compatible, timestamp_text
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import CsvFormat, FileFormat
@@ -50,7 +50,7 @@ def read_file(path: Path, fmt: FileFormat, target: pa.Schema | None, origin: Pat
         if fmt.kind == "model_json":
             return _read_model_json(path, origin or path, target)
         if fmt.kind == "textfile":
-            return _read_textfile(path, fmt, target)
+            return _read_textfile(path, fmt, target, origin or path)
         return _read_json(path, fmt.kind, target)
     except FileNotFoundError:
         raise
@@ -123,34 +123,44 @@ def _read_model_json(path: Path, origin: Path, target: pa.Schema | None) -> File
     return FileRead(result.table, bad)
 
 
-def _read_textfile(path: Path, fmt: TextFileFormat, target: pa.Schema | None) -> FileRead:
-    """A data manifest's textfile: cells by position, typed as the manifest says, ratings checked against the
-    domain, then as the table has them (a derived entity: the distinct values of its attribute)."""
-    table, lines, misfits = textfile.read_rows(path, fmt)
+def _read_textfile(path: Path, fmt: TextFileFormat, target: pa.Schema | None, origin: Path) -> FileRead:
+    """A data manifest's textfile (the source that reads `origin`): cells by position, typed as the manifest says
+    (Java classes as Joda-Convert converts them), rows its entity builder cannot build out, then as the table has
+    them (a derived entity: the distinct values of its attribute)."""
+    source = fmt.source(origin)
+    text, lines, misfits = textfile.read_rows(path, source)
     bad = [BadRow(line, reason, raw) for line, reason, raw in misfits]
-    typed = conform(table, textfile.schema(fmt), first_line=0)  # bad lines: row indexes, mapped below
+    converted, failed = joda.convert(text, source.columns)
+    converted, lines = _drop(converted, lines, failed, bad, shown=text)
+    typed = conform(converted, textfile.schema(source), first_line=0)  # bad lines: row indexes, mapped below
     bad += [BadRow(lines[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in typed.bad]
     if typed.table is None:
         return FileRead(None, bad)
-    failed = {b.line for b in typed.bad}
-    kept = [line for i, line in enumerate(lines) if i not in failed]
-    data = typed.table
-    if outside := textfile.out_of_domain(data, fmt):
-        for i, reason in sorted(outside.items()):
-            bad.append(BadRow(kept[i], reason, json.dumps({k: None if v is None else str(v)
-                                                           for k, v in data.slice(i, 1).to_pylist()[0].items()}),
-                              "rating"))
-        keep = np.ones(data.num_rows, dtype=bool)
-        keep[list(outside)] = False
-        data = data.filter(pa.array(keep))
-        kept = [line for i, line in enumerate(kept) if i not in outside]
+    failed_rows = {b.line for b in typed.bad}
+    lines = [line for i, line in enumerate(lines) if i not in failed_rows]
+    data, lines = _drop(typed.table, lines, textfile.rejected(typed.table, source, fmt.rating_domain), bad)
     if fmt.derive:
         return FileRead(textfile.derived(data, fmt.derive), bad)
     if target is None:
         return FileRead(data, bad)
     result = conform(data, target, first_line=0)
-    bad += [BadRow(kept[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in result.bad]
+    bad += [BadRow(lines[b.line] if b.line is not None else None, b.reason, b.raw, b.field) for b in result.bad]
     return FileRead(result.table, bad)
+
+
+def _drop(data: pa.Table, lines: list[int], failed: dict[int, tuple[str, str]], bad: list[BadRow],
+          shown: pa.Table | None = None) -> tuple[pa.Table, list[int]]:
+    """The rows not in `failed` (row index -> (column, reason)) and their lines; the failed ones added to `bad`,
+    each with its values (those of `shown`, the same rows before conversion, when given)."""
+    if not failed:
+        return data, lines
+    for i, (column, reason) in sorted(failed.items()):
+        row = (shown if shown is not None else data).slice(i, 1).to_pylist()[0]
+        bad.append(BadRow(lines[i], reason, json.dumps({k: None if v is None else str(v) for k, v in row.items()}),
+                          column))
+    keep = np.ones(data.num_rows, dtype=bool)
+    keep[list(failed)] = False
+    return data.filter(pa.array(keep)), [line for i, line in enumerate(lines) if i not in failed]
 
 
 def json_options(target: pa.Schema | None) -> pajson.ParseOptions:

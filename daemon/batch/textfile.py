@@ -3,7 +3,9 @@
 Header lines are skipped (with `header: true` the header's labels place the columns); a line's cells are taken
 by position, cells past the described columns are ignored (a file may hold more than its manifest describes), a
 line with fewer cells than the columns goes to quarantine. Without an id column, each line's id is its line
-number in the file, so a file that grows keeps the ids of the lines it had.
+number in the file, so a file that grows keeps the ids of the lines it had. The source's entity builder then
+rejects the rows it cannot build (LensKit's RatingBuilder: no user, item or rating, or a rating outside the
+domain).
 """
 
 from __future__ import annotations
@@ -13,18 +15,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakefeed.config.data_manifest import TextFileFormat
+from lakefeed.batch.joda import ARROW
+from lakefeed.config.data_manifest import RATING_REQUIRED, RatingDomain, TextFile
 
-ARROW = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 
-
-def schema(fmt: TextFileFormat) -> pa.Schema:
+def schema(fmt: TextFile) -> pa.Schema:
     """The source's attributes typed as the manifest says (`id` first when lines give it)."""
     fields = [pa.field(c.name, ARROW[c.type]) for c in fmt.columns]
     return pa.schema([pa.field("id", pa.int64()), *fields] if fmt.id_from_line else fields)
 
 
-def read_rows(path: Path, fmt: TextFileFormat) -> tuple[pa.Table, list[int], list[tuple[int | None, str, str]]]:
+def read_rows(path: Path, fmt: TextFile) -> tuple[pa.Table, list[int], list[tuple[int | None, str, str]]]:
     """The lines as text columns, the line number of each, and (line, reason, raw) for lines that cannot be
     placed (line None: the whole file)."""
     names = [c.name for c in fmt.columns]
@@ -61,7 +62,7 @@ def read_rows(path: Path, fmt: TextFileFormat) -> tuple[pa.Table, list[int], lis
     return table, lines, bad
 
 
-def _split(text: str, fmt: TextFileFormat) -> list[str]:
+def _split(text: str, fmt: TextFile) -> list[str]:
     if fmt.quoted:
         return next(csv.reader([text], delimiter=fmt.delimiter), [])
     return text.split(fmt.delimiter)
@@ -77,17 +78,26 @@ def derived(table: pa.Table, attribute: str) -> pa.Table:
     return pa.table({"id": pa.array(values, table.schema.field(attribute).type)})
 
 
-def out_of_domain(table: pa.Table, fmt: TextFileFormat) -> dict[int, str]:
-    """Row index -> why its rating is outside the manifest's domain (minimum, maximum, precision)."""
-    domain = fmt.rating_domain
-    if domain is None or "rating" not in table.column_names:
+def rejected(table: pa.Table, fmt: TextFile, domain: RatingDomain | None) -> dict[int, tuple[str, str]]:
+    """Row index -> (attribute, why) for the rows the source's entity builder cannot build. The rating builder
+    needs a user, an item and a rating that is a number, within the entity's domain (minimum, maximum,
+    precision); the basic builder takes every row."""
+    if fmt.builder == "basic":
         return {}
-    out = {}
+    out: dict[int, tuple[str, str]] = {}
+    for name in RATING_REQUIRED:
+        for i, value in enumerate(table.column(name).to_pylist()):
+            if value is None:
+                out.setdefault(i, (name, f"a rating needs {', '.join(RATING_REQUIRED)}: {name!r} is empty"))
+            elif name == "rating" and value != value:
+                out.setdefault(i, (name, "rating is not a number (NaN)"))
+    if domain is None:
+        return out
     for i, value in enumerate(table.column("rating").to_pylist()):
-        if value is None:
+        if i in out:
             continue
         if not domain.minimum <= value <= domain.maximum:
-            out[i] = f"rating {value:g} is outside the domain [{domain.minimum:g}, {domain.maximum:g}]"
+            out[i] = ("rating", f"rating {value:g} is outside the domain [{domain.minimum:g}, {domain.maximum:g}]")
         elif domain.precision and abs((steps := (value - domain.minimum) / domain.precision) - round(steps)) > 1e-6:
-            out[i] = f"rating {value:g} is not a multiple of the domain's precision {domain.precision:g}"
+            out[i] = ("rating", f"rating {value:g} is not a multiple of the domain's precision {domain.precision:g}")
     return out

@@ -35,8 +35,8 @@ class TreeError(ValueError):
 def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[int, str | None]], list[Path]]:
     """The entity list with each cdm_root entry replaced by the entities of its tree, and for each resulting
     entry the index of the config entry it came from, with the entity's name if a tree gave it (for error
-    lines), and the data manifests read (watched like the config: lakefeed never writes them). Raises
-    TreeError."""
+    lines), and the files read (watched like the config: the data manifests, and the manifests of cdm_root trees,
+    whose changes lakefeed made itself are not config changes). Raises TreeError."""
     out: list[Any] = []
     origin: list[tuple[int, str | None]] = []
     files: list[Path] = []
@@ -47,13 +47,12 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
             origin.append((i, None))
             continue
         try:
-            found = _EXPANDERS[key](raw, base_dir)
+            found, read = _EXPANDERS[key](raw, base_dir)
         except ValueError as exc:  # TreeError too
             raise TreeError(str(exc), i, key, getattr(exc, "where", None)) from exc
         out.extend(found)
         origin.extend((i, e["name"]) for e in found)
-        if key == data_manifest.KEY:
-            files.append(described.entry(raw, key, base_dir)[0])
+        files.extend(read)
     return out, origin, files
 
 
@@ -66,10 +65,12 @@ def config_loc(loc: tuple[Any, ...], origin: list[tuple[int, str | None]]) -> tu
     return ("entities", written, *((f"[{name}]",) if name is not None else ()), *loc[2:])
 
 
-def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
+def _entities_of(raw: dict[str, Any], base_dir: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+    """The entities of a tree, and its manifests (watched: an entity or sub-manifest added by hand joins)."""
     root, defaults, overrides = described.entry(raw, KEY, base_dir)
     found: list[dict[str, Any]] = []
-    for manifest, parents, entity in _local_entities(root, root.parent, set(), ()):
+    seen: set[Path] = set()
+    for manifest, parents, entity in _local_entities(root, root.parent, seen, ()):
         name = entity["entityName"]
         entry = {**defaults, **(overrides.get(name) or {}), "name": name, "manifest": str(manifest),
                  "cdm_parents": [str(p) for p in parents]}
@@ -78,7 +79,7 @@ def _entities_of(raw: dict[str, Any], base_dir: Path) -> list[dict[str, Any]]:
     described.check_overrides(overrides, [e["name"] for e in found], f"the tree of {root}")
     if not found:
         raise TreeError(f"{root} and its sub-manifests declare no local entity")
-    return found
+    return found, sorted(seen)
 
 
 def _local_entities(path: Path, corpus: Path, seen: set[Path], parents: tuple[Path, ...]):
@@ -109,4 +110,12 @@ def _local_entities(path: Path, corpus: Path, seen: set[Path], parents: tuple[Pa
         yield from _local_entities((folder / definition.lstrip("/")).resolve(), corpus, seen, (path, *parents))
 
 
-_EXPANDERS = {KEY: _entities_of, synapse.KEY: synapse.entities_of, data_manifest.KEY: data_manifest.entities_of}
+def _data_manifest(raw: dict[str, Any], base_dir: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+    return data_manifest.entities_of(raw, base_dir), [described.entry(raw, data_manifest.KEY, base_dir)[0]]
+
+
+def _synapse(raw: dict[str, Any], base_dir: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+    return synapse.entities_of(raw, base_dir), []
+
+
+_EXPANDERS = {KEY: _entities_of, synapse.KEY: _synapse, data_manifest.KEY: _data_manifest}

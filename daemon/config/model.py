@@ -72,6 +72,10 @@ class CdcConfig(Frozen):
     on_snapshot_removed: Literal["keep", "retract"] = Field(
         default="keep", description="snapshot: when the object the current state came from is deleted, keep "
                                     "the state, or retract every row (as an empty snapshot would).")
+    snapshot_scope: str | None = Field(
+        default=None, description="snapshot: a key column that a partition pattern captures from each file's path. "
+                                  "A file is then the whole state of its scope only (the rows with its value), "
+                                  "not of the table; the batch's last file of each scope wins.")
     op_column: str = Field(default="op", description="changelog: the column holding each row's operation.")
     history: bool = Field(default=False, description="Keep an SCD type 2 history table (valid_from, valid_to, "
                                                      "is_current) in step with the current table.")
@@ -93,6 +97,10 @@ class CdcConfig(Frozen):
             raise ValueError("history needs a keyed strategy")
         if self.debezium and self.strategy != "changelog":
             raise ValueError("debezium envelopes need strategy changelog")
+        if self.snapshot_scope is not None and (self.strategy != "snapshot"
+                                                or self.snapshot_scope not in self.primary_key):
+            raise ValueError(f"snapshot_scope {self.snapshot_scope!r} needs strategy snapshot, with the scope column "
+                             "in primary_key (rows of different scopes are different rows)")
         return self
 
     @property
@@ -175,6 +183,9 @@ class EntityConfig(Frozen):
         if repeated:
             raise ValueError(f"source names must be unique within an entity ({FILES!r} is the file source): "
                              f"{', '.join(repeated)}")
+        if (self.push or self.kafka) and self.cdc.snapshot_scope is not None:
+            raise ValueError("cdc.snapshot_scope takes each file's scope from its path: pushed and Kafka records "
+                             "have none; give them an entity of their own")
         if (self.push or self.kafka) and self.event_time.source in ("path", "file_mtime"):
             raise ValueError(f"event_time.source {self.event_time.source} needs files; pushed and Kafka records "
                              "take their event time from a column (e.g. kafka_timestamp), the Event-Time header "
@@ -268,8 +279,9 @@ class LakefeedConfig(Frozen):
     http: HttpConfig = HttpConfig()
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access for s3:// locations.")
     entities: tuple[EntityConfig, ...]
-    described_by: tuple[ResolvedPath, ...] = Field(default=(), description="Set on load: the data manifests the "
-                                                   "entities come from, watched like the config file.")
+    described_by: tuple[ResolvedPath, ...] = Field(default=(), description="Set on load: the data manifests and "
+                                                   "cdm_root manifests the entities come from, watched like the "
+                                                   "config file.")
 
     @field_validator("entities")
     @classmethod

@@ -16,12 +16,14 @@ _log = log.get(__name__)
 
 
 class ConfigWatcher(FileSystemEventHandler):
-    """Calls `on_change` once the file, or a file it names that describes data (a YAML data manifest), has been
-    quiet for DEBOUNCE_S after a change."""
+    """Calls `on_change` once the file, or a file it names that describes data (a YAML data manifest, the
+    manifests of a cdm_root tree), has been quiet for DEBOUNCE_S after a change somebody else made."""
 
-    def __init__(self, path: Path, on_change: Callable[[], None], described_by: tuple[Path, ...] = ()) -> None:
+    def __init__(self, path: Path, on_change: Callable[[], None], described_by: tuple[Path, ...] = (),
+                 written_here: Callable[[Path], bool] = lambda path: False) -> None:
         self.path = path.resolve()
         self._on_change = on_change
+        self._written_here = written_here  # a file lakefeed itself just wrote (a manifest of a tree) is no change
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._observer = Observer()
@@ -47,6 +49,8 @@ class ConfigWatcher(FileSystemEventHandler):
     def on_any_event(self, event: FileSystemEvent) -> None:
         paths = {event.src_path, getattr(event, "dest_path", "")}
         if event.event_type in ("opened", "closed_no_write") or not paths & self._files:
+            return
+        if all(self._written_here(Path(str(p))) for p in paths & self._files):
             return
         with self._lock:
             if self._timer is not None:

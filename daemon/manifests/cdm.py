@@ -27,6 +27,7 @@ from lakefeed.errors import ManifestError
 from lakefeed.manifests.cdm_parents import propagate
 
 METADATA_KEY = "lakefeed.partitions"
+_LISTS = ("dataPartitions", "incrementalPartitions")
 COMPACT_ABOVE = 2000  # partitions in a manifest: written without indentation (C-fast, a fraction of the size)
 _locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
 _log = log.get(__name__)
@@ -91,7 +92,10 @@ def ensure_entity(cfg: EntityConfig) -> dict[str, Any]:
         return entity
 
 
-def partition_record(partition: Partition, mtime: str, removed: bool = False) -> dict[str, Any]:
+def partition_record(partition: Partition, mtime: str, removed: bool = False, also: bool = False
+                     ) -> dict[str, Any]:
+    """A partition a batch ingested (or whose object went: `removed`), as the commit records it. `also`: the
+    file's listing in the other list as well (`Discovery.also`, with `sdk` precedence)."""
     record = {
         "location": partition.location,
         "arguments": partition.arguments,
@@ -102,6 +106,8 @@ def partition_record(partition: Partition, mtime: str, removed: bool = False) ->
     }
     if removed:  # its object was deleted: the declaration goes
         record["removed"] = True
+    if also:
+        record["also"] = True
     return record
 
 
@@ -110,18 +116,21 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
     """Bring an entity declaration (inside `doc`) up to date with ingested partitions at time `checked`.
     `manifest_mtime`, the time of the manifest's file, becomes its `lastFileModifiedTime` if it has none (as the
     CDM SDK: lakefeed's own rewrites, which bring times and partitions current, are not counted)."""
-    index: dict[str, dict[str, Any]] = {}
-    for key in ("dataPartitions", "incrementalPartitions"):
+    index: dict[tuple[str, str], dict[str, Any]] = {}  # (list, location) -> declaration
+    for key in _LISTS:
         for decl in entity.get(key) or ():
-            index[normalize_location(decl.get("location", ""))] = decl
+            index[key, normalize_location(decl.get("location", ""))] = decl
     for rec in records:
-        existing = index.get(normalize_location(rec["location"]))
-        if rec.get("removed"):
-            if existing is not None:
-                for key in ("dataPartitions", "incrementalPartitions"):
-                    entity[key] = [d for d in entity.get(key) or () if d is not existing]
-                del index[normalize_location(rec["location"])]
+        location = normalize_location(rec["location"])
+        own, other = _LISTS[::-1] if rec["type"] else _LISTS
+        if rec.get("removed"):  # every listing of the file goes
+            gone = [index.pop((key, location)) for key in _LISTS if (key, location) in index]
+            for key in _LISTS if gone else ():
+                entity[key] = [d for d in entity.get(key) or () if all(d is not g for g in gone)]
             continue
+        existing = index.get((own, location))
+        if existing is None and not rec.get("also"):  # one partition per file, wherever it is listed
+            existing = index.get((other, location))
         if existing is not None and rec["explicit"]:
             # Explicit partitions keep their arguments and schema; only their file times move.
             existing["lastFileStatusCheckTime"] = checked
@@ -136,8 +145,8 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
         decl["lastFileStatusCheckTime"] = checked
         decl["lastFileModifiedTime"] = rec["mtime"]
         if existing is None:
-            entity.setdefault("incrementalPartitions" if rec["type"] else "dataPartitions", []).append(decl)
-            index[normalize_location(rec["location"])] = decl
+            entity.setdefault(own, []).append(decl)
+            index[own, location] = decl
     for key in ("dataPartitionPatterns", "incrementalPartitionPatterns"):
         for pattern in entity.get(key) or ():
             pattern["lastFileStatusCheckTime"] = checked
@@ -153,13 +162,16 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
         entity.get("lastFileModifiedTime")))
 
 
-def check_listed(entity: dict[str, Any], folder: Path, owned: set[str], checked: str) -> None:
-    """Check the files of the partitions the manifest lists itself (not lakefeed's): each gets the check time,
-    whether or not its file is there (as the CDM SDK records the check), and the file's time when it is."""
-    for key in ("dataPartitions", "incrementalPartitions"):
+def check_listed(entity: dict[str, Any], folder: Path, owned: set[str], checked: str,
+                 doubled: dict[str, bool]) -> None:
+    """Check the files of the partitions the manifest lists itself (not lakefeed's, see `Discovery.from_entity`):
+    each gets the check time, whether or not its file is there (as the CDM SDK records the check), and the
+    file's time when it is."""
+    for key, incremental in zip(_LISTS, (False, True), strict=True):
         for decl in entity.get(key) or ():
             location = decl.get("location") if isinstance(decl, dict) else None
-            if not isinstance(location, str) or not location or normalize_location(location) in owned:
+            if not isinstance(location, str) or not location or normalize_location(location) in owned or \
+                    doubled.get(normalize_location(location)) is incremental:
                 continue
             if ":" in location.split("/", 1)[0] and not location.startswith("local:"):
                 continue  # another namespace: not here to check
@@ -170,6 +182,28 @@ def check_listed(entity: dict[str, Any], folder: Path, owned: set[str], checked:
                 continue
             decl["lastFileModifiedTime"] = clock.latest(decl.get("lastFileModifiedTime"),
                                                         clock.to_cdm(clock.from_ns(mtime)))
+
+
+def check_referenced(doc: dict[str, Any], folder: Path, corpus: Path, checked: str) -> None:
+    """Entities the manifest borrows (`ReferencedEntity`): the check time, and the time of the manifest that owns
+    each, which is read, never written (as `manifest check`, and the CDM SDK). `folder` is the manifest's,
+    `corpus` the root manifest's (where `/…` paths start); another namespace (`remote:/…`) is not reachable."""
+    for entity in doc.get("entities") or ():
+        if not isinstance(entity, dict) or entity.get("type") != "ReferencedEntity":
+            continue
+        entity["lastFileStatusCheckTime"] = checked
+        target = str(entity.get("entityPath") or entity.get("entityDeclaration") or "").removeprefix("local:")
+        if ".cdm.json" not in target or ":" in target.split("/", 1)[0]:
+            continue
+        document = target[: target.index(".cdm.json") + len(".cdm.json")]
+        try:
+            mtime = ((corpus if document.startswith("/") else folder) / document.lstrip("/")).stat().st_mtime_ns
+        except OSError:
+            continue
+        entity["lastFileModifiedTime"] = clock.latest(entity.get("lastFileModifiedTime"),
+                                                      clock.to_cdm(clock.from_ns(mtime)))
+        _set_time(doc, "lastChildFileModifiedTime", clock.latest(doc.get("lastChildFileModifiedTime"),
+                                                                 entity["lastFileModifiedTime"]))
 
 
 def _pattern_traits(entity: dict[str, Any], pattern_name: str | None, kind: str | None) -> list[Any]:
@@ -196,41 +230,67 @@ class ManifestKeeper:
         self.cfg = cfg
         self._table = table
         self._state_path = cfg.state / "manifest_state.json"
+        self._copy_path = cfg.state / "manifest_copy.cdm.json"  # the manifest as last written (`restore`)
         self._publish = publish  # copies written documents to where readers look (the entity's bucket)
-        self._declared: tuple[int, int] | None = None  # (mtime, size) of the manifest last seen declaring the entity
+        self._state: tuple[int, set[str], dict[str, bool]] | None = None  # as saved, kept here once read
+        self._parsed: tuple[tuple[int, tuple[int, ...] | None], dict[str, Any]] | None = None  # (version, doc)
 
-    def state(self) -> tuple[int, set[str]]:
-        try:
-            state = json.loads(self._state_path.read_text(encoding="utf-8"))
-            return int(state["applied_version"]), set(state["owned"])
-        except FileNotFoundError:
-            return -1, set()
+    def state(self) -> tuple[int, set[str], dict[str, bool]]:
+        """The table version applied, the locations whose entries lakefeed wrote, and the locations it also
+        listed in their other list (in the incremental list: True)."""
+        if self._state is None:
+            try:
+                state = json.loads(self._state_path.read_text(encoding="utf-8"))
+                self._state = int(state["applied_version"]), set(state["owned"]), dict(state.get("doubled", {}))
+            except FileNotFoundError:
+                self._state = -1, set(), {}
+        return self._state[0], set(self._state[1]), dict(self._state[2])
+
+    def document(self) -> dict[str, Any]:
+        """The manifest, parsed. A large one is parsed again only when its file changed since this keeper last
+        read or wrote it (a batch would otherwise parse megabytes a few times over). FileNotFoundError if absent."""
+        with manifest_lock(self.cfg.manifest):
+            return self._document()
+
+    def _document(self) -> dict[str, Any]:
+        version = self._file_version()
+        if self._parsed is not None and version[1] is not None and self._parsed[0] == version:
+            return self._parsed[1]
+        self._parsed = None
+        doc = cdm_manifest.load(self.cfg.manifest)
+        self._parsed = version, doc
+        return doc
+
+    def _file_version(self) -> tuple[int, tuple[int, ...] | None]:
+        return cdm_manifest.writes(self.cfg.manifest), cdm_manifest.file_version(self.cfg.manifest)
 
     def _saved_entity(self) -> dict[str, Any] | None:
         try:
+            return cdm_manifest.find_entity(cdm_manifest.load(self._copy_path), self.cfg.name)
+        except FileNotFoundError:
+            pass
+        try:  # written by an earlier lakefeed, which kept the declaration in the state file
             return json.loads(self._state_path.read_text(encoding="utf-8")).get("entity")
         except FileNotFoundError:
             return None
 
     def restore(self) -> None:
         """Bring back a manifest, or the entity's declaration in it, deleted while lakefeed keeps it: from the
-        copy of the declaration saved at the last refresh, so no partition written before is lost. Called for
-        every batch: a manifest unchanged since it was last seen declaring the entity is not parsed again."""
+        copy saved at the last refresh, so no partition written before is lost. Called for every batch: a manifest
+        unchanged since it was last read here is not parsed again."""
         with manifest_lock(self.cfg.manifest):
-            if self._declared is not None and manifest_stamp(self.cfg.manifest) == self._declared:
-                return
             try:
-                doc: dict[str, Any] | None = cdm_manifest.load(self.cfg.manifest)
+                doc: dict[str, Any] | None = self._document()
             except FileNotFoundError:
                 doc = None
             if doc is not None and cdm_manifest.find_entity(doc, self.cfg.name) is not None:
-                self._declared = manifest_stamp(self.cfg.manifest)
                 return
             saved = self._saved_entity()
             if saved is None:
                 return  # nothing written yet: the declaration is made from the config (ensure_entity)
             doc = doc or cdm_manifest.new_manifest(self.cfg.manifest.name.removesuffix(".manifest.cdm.json"))
             doc.setdefault("entities", []).append(saved)
+            self._parsed = None
             cdm_manifest.save(self.cfg.manifest, doc)
             _log.warning("manifest.restored", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                          partitions=sum(len(saved.get(k) or ()) for k in ("dataPartitions", "incrementalPartitions")),
@@ -241,44 +301,58 @@ class ManifestKeeper:
         """Locations whose manifest entries lakefeed wrote (so they are not explicit partitions)."""
         return self.state()[1]
 
+    def doubled(self) -> dict[str, bool]:
+        """Locations lakefeed listed in their other list too (`Discovery.also`): that entry is lakefeed's."""
+        return self.state()[2]
+
     def refresh(self) -> int:
         """Apply every commit not yet in the manifest; return how many partitions were written."""
         self.restore()
         with manifest_lock(self.cfg.manifest):
-            applied, owned = self.state()
+            applied, owned, doubled = self.state()
             commits = [c for c in self._table.commits_after(applied) if METADATA_KEY in c]
             latest = self._table.version()
             if latest is None or latest <= applied:
                 return 0
-            doc = cdm_manifest.load(self.cfg.manifest)
+            doc = self._document()
             entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest)
             if entity is None:
                 raise ManifestError(f"manifest {self.cfg.manifest} no longer declares entity {self.cfg.name!r}")
+            self._parsed = None  # changed below: parsed again if anything fails before it is written
+            changed = self._describe_schema(entity)  # first: the manifest points at it, and takes its time
             written, checked = 0, None
-            stamp = manifest_stamp(self.cfg.manifest)
-            manifest_mtime = clock.to_cdm(clock.from_ns(stamp[0])) if stamp else None
+            version = cdm_manifest.file_version(self.cfg.manifest)
+            manifest_mtime = clock.to_cdm(clock.from_ns(version[1])) if version else None
             for commit in commits:
                 batch = json.loads(commit[METADATA_KEY])
                 checked = batch["checked"]
                 apply(doc, entity, checked, batch["partitions"], self._schema_mtime(entity), manifest_mtime)
                 for p in batch["partitions"]:
+                    location = normalize_location(p["location"])
                     if p.get("removed"):
-                        owned.discard(normalize_location(p["location"]))
+                        owned.discard(location)
+                        doubled.pop(location, None)
+                    elif p.get("also"):
+                        doubled[location] = p["type"] is not None
                     elif not p["explicit"]:
-                        owned.add(normalize_location(p["location"]))
+                        owned.add(location)
                 written += len(batch["partitions"])
-            changed = self._describe_schema(entity)  # first: the manifest points at it
+            text = None
             if checked is not None:
                 if getattr(self.cfg.source, "type", None) == "local_dir":  # partition files beside the manifest
-                    check_listed(entity, self.cfg.manifest.parent, owned, checked)
-                cdm_manifest.save(self.cfg.manifest, doc, compact=_partitions(doc) > COMPACT_ABOVE)
+                    check_listed(entity, self.cfg.manifest.parent, owned, checked, doubled)
+                corpus = (self.cfg.cdm_parents[-1] if self.cfg.cdm_parents else self.cfg.manifest).parent
+                check_referenced(doc, self.cfg.manifest.parent, corpus, checked)
+                text = cdm_manifest.dumps(doc, compact=_partitions(doc) > COMPACT_ABOVE)
+                cdm_manifest.save_text(self.cfg.manifest, text)
+                self._parsed = self._file_version(), doc
                 changed.append(self.cfg.manifest)
                 failpoints.reached("manifest.written")
                 changed += propagate(self.cfg.manifest, self.cfg.cdm_parents, checked, manifest_lock, COMPACT_ABOVE)
                 _log.info("manifest.written", entity=self.cfg.name, manifest=str(self.cfg.manifest),
                           partitions=written, table_version=latest)
             self._publish(changed)
-            self._save_state(latest, owned, entity)
+            self._save_state(latest, owned, doubled, text)
             return written
 
     def check(self) -> list[str]:
@@ -307,27 +381,20 @@ class ManifestKeeper:
             return None
         return clock.to_cdm(clock.from_ns(doc.stat().st_mtime_ns))
 
-    def _save_state(self, version: int, owned: set[str], entity: dict[str, Any]) -> None:
-        """The version applied, and a copy of the declaration as written (what `restore` brings back)."""
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+    def _save_state(self, version: int, owned: set[str], doubled: dict[str, bool], text: str | None) -> None:
+        """The version applied, and a copy of the manifest as written (what `restore` brings back)."""
+        if text is not None:
+            cdm_manifest.save_text(self._copy_path, text)
         tmp = self._state_path.with_suffix(".tmp")
-        state = {"applied_version": version, "owned": sorted(owned), "entity": entity}
+        state = {"applied_version": version, "owned": sorted(owned), "doubled": doubled}
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self._state_path)
+        self._state = version, owned, doubled
 
 
 def _partitions(doc: dict[str, Any]) -> int:
     return sum(len(e.get(k) or ()) for e in doc.get("entities") or () if isinstance(e, dict)
                for k in ("dataPartitions", "incrementalPartitions"))
-
-
-def manifest_stamp(path: Path) -> tuple[int, int] | None:
-    """(mtime, size) of a manifest file: tells a changed (fixed, restored) version from the one seen before."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 def schema_document(root: Path, entity: dict[str, Any]) -> Path | None:

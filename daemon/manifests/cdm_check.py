@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +27,7 @@ from lakefeed import clock, log
 from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Pattern, pattern_from_json
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
-from lakefeed.manifests.cdm_json import PartitionText, Splices
+from lakefeed.manifests.cdm_json import PartitionText, Splices, Stamps
 
 Precedence = Literal["spec", "sdk"]
 COMPACT_ABOVE = 2000  # partitions in a document: written without indentation (a fraction of the time and size)
@@ -64,20 +63,6 @@ class _Doc:
             self.changed = True
 
 
-class _Stamps:
-    """CDM times of file mtimes, fast: one formatted second per distinct second."""
-
-    def __init__(self) -> None:
-        self._seconds: dict[int, str] = {}
-
-    def __call__(self, mtime_ns: int) -> str:
-        ms = mtime_ns // 1_000_000
-        prefix = self._seconds.get(ms // 1000)
-        if prefix is None:
-            prefix = self._seconds[ms // 1000] = clock.to_cdm(datetime.fromtimestamp(ms // 1000, UTC))[:-5]
-        return f"{prefix}.{ms % 1000:03d}Z"
-
-
 def _later(a: str | None, b: str | None) -> str | None:
     """The later of two CDM times; plain string order where both are in the form lakefeed writes."""
     if a and b and len(a) == len(b) == 24 and a[-1] == b[-1] == "Z":
@@ -91,7 +76,7 @@ class CdmCheck:
         self.corpus = str(self.root.parent)  # the `local:` namespace, and what `/…` paths start from
         self.precedence = precedence
         self.now = clock.to_cdm(clock.now())
-        self._stamp = _Stamps()
+        self._stamp = Stamps()
         self._listings: dict[str, list[tuple[str, int]]] = {}  # folder -> ("/relative/path", mtime_ns), os.walk order
         self._mtimes: dict[str, int] = {}  # listed files' paths -> mtime_ns, made when first asked
         self._indexed: set[str] = set()  # the listed folders in _mtimes
@@ -240,11 +225,7 @@ class CdmCheck:
             for pattern in entity.get(key) or ():
                 if isinstance(pattern, dict):
                     pattern["lastFileStatusCheckTime"] = self.now
-        new: tuple[list[str], list[str]] = ([], [])
-        newest = -1
-        for text, is_incremental, mtime in self._discover(entity, base, known):  # first: it lists the folders
-            new[is_incremental].append(text)
-            newest = max(newest, mtime)
+        new, newest = self._discover(entity, base, known)  # first: it lists the folders
         child = entity.get("lastChildFileModifiedTime")
         now, stamp, later = self.now, self._stamp, _later
         for partition in (*data, *incremental):  # those listed before: checked, whether or not their file is there
@@ -282,16 +263,19 @@ class CdmCheck:
     def _key(self, location: Any, base: str) -> str | None:
         return self._resolve(location, base) if isinstance(location, str) and location else None
 
-    def _discover(self, entity: dict[str, Any], base: str, known: tuple[set[Any], set[Any]]):
-        """(new partition's JSON, is incremental, file mtime) for files the patterns find that no partition lists
-        yet."""
+    def _discover(self, entity: dict[str, Any], base: str,
+                  known: tuple[set[Any], set[Any]]) -> tuple[tuple[list[str], list[str]], int]:
+        """The JSON of new data and incremental partitions, for files the patterns find that no partition lists
+        yet, and the latest mtime of their files (-1: none)."""
         patterns: list[tuple[dict[str, Any], Pattern, bool]] = []
         for key, is_incremental in (("dataPartitionPatterns", False), ("incrementalPartitionPatterns", True)):
             for decl in entity.get(key) or ():
                 if isinstance(decl, dict) and (pattern := pattern_from_json(decl, is_incremental)) is not None:
                     patterns.append((decl, pattern, is_incremental))
+        new: tuple[list[str], list[str]] = ([], [])
+        newest = -1
         winners: dict[str, tuple[PartitionText, str, Any, int]] = {}
-        direct = len(patterns) == 1
+        sdk = self.precedence == "sdk"
         for decl, pattern, is_incremental in patterns:
             root_location = pattern.root_location[:-1] if pattern.root_location.endswith("/") else \
                 pattern.root_location
@@ -299,29 +283,34 @@ class CdmCheck:
             if folder is None:
                 continue
             make = PartitionText(decl, pattern, is_incremental, self.now, self._stamp)
-            fullmatch = pattern.expression.fullmatch if pattern.linear else pattern.fullmatch
-            sdk = self.precedence == "sdk"
             mine, other = known[is_incremental], known[not is_incremental]
+            if len(patterns) == 1 and pattern.linear and not mine and not other:
+                # The only pattern, and nothing listed yet: every find is the entity's, whatever the precedence.
+                texts, latest = make.many(root_location, self._files(folder), pattern.expression.fullmatch)
+                new[is_incremental].extend(texts)
+                newest = max(newest, latest)
+                continue
             for name, mtime in self._files(folder):
                 if (mine or other) and ((key := folder + name) in mine or not sdk and key in other):
                     continue  # listed already: inferred partitions never replace one
                 try:
-                    match = fullmatch(name)
+                    match = pattern.fullmatch(name)
                 except TimeoutError:
                     _log.warning("pattern.timed_out", pattern=pattern.name, file=name, limit_s=MATCH_TIME_LIMIT_S)
                     continue
                 if match is None:
                     continue
                 location = root_location + name if root_location else name[1:]  # the SDK's, or the folder's
-                if direct:  # the only pattern: what it finds is the entity's, whatever the precedence
-                    yield make(location, match, mtime), is_incremental, mtime
-                elif sdk:
+                if sdk or len(patterns) == 1:
                     mine.add(folder + name)
-                    yield make(location, match, mtime), is_incremental, mtime
+                    new[is_incremental].append(make(location, match, mtime))
+                    newest = max(newest, mtime)
                 else:
                     winners[folder + name] = (make, location, match, mtime)
         for make, location, match, mtime in winners.values():
-            yield make(location, match, mtime), make.incremental, mtime
+            new[make.incremental].append(make(location, match, mtime))
+            newest = max(newest, mtime)
+        return new, newest
 
 
 def check(root_manifest: Path, precedence: Precedence = "spec") -> Report:

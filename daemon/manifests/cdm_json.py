@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from lakefeed import clock
 from lakefeed.batch.discovery import INCREMENTAL_TRAIT, Pattern
 
 PATTERN_NAME_ARGUMENT = "incrementPartitionPatternName"
@@ -23,12 +25,27 @@ def quote(text: str) -> str:
     return f'"{text}"' if _PLAIN(text) else json.dumps(text, ensure_ascii=False)
 
 
+class Stamps:
+    """CDM times of file mtimes, fast: one formatted second per distinct second."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, str] = {}  # second -> its CDM time up to the milliseconds
+
+    def second(self, second: int) -> str:
+        text = self.seconds[second] = clock.to_cdm(datetime.fromtimestamp(second, UTC))[:-5]
+        return text
+
+    def __call__(self, mtime_ns: int) -> str:
+        ms = mtime_ns // 1_000_000
+        return f"{self.seconds.get(ms // 1000) or self.second(ms // 1000)}.{ms % 1000:03d}Z"
+
+
 class PartitionText:
     """Partitions as the SDK makes them from one pattern, as JSON text: the location, the pattern's specialized
     schema, its traits (the incremental one naming the pattern), the captured arguments, and the times."""
 
     def __init__(self, decl: dict[str, Any], pattern: Pattern, incremental: bool, now: str,
-                 stamp: Callable[[int], str]) -> None:
+                 stamp: Stamps) -> None:
         self.incremental, self._stamp = incremental, stamp
         self._names = [f'{{"name":{quote(p)},"value":' for p in pattern.parameters]
         self._groups = min(pattern.expression.groups or 0, len(pattern.parameters))
@@ -43,6 +60,10 @@ class PartitionText:
         self._middle = (f',"specializedSchema":{quote(str(schema))}' if schema else "") + \
             (f',"exhibitsTraits":{json.dumps(traits, ensure_ascii=False, separators=(",", ":"))}' if traits else "")
         self._checked = f',"lastFileStatusCheckTime":"{now}","lastFileModifiedTime":"'
+        arguments = ",".join(f'{name}"%s"}}' for name in (n.replace("%", "%%") for n in self._names[: self._groups]))
+        self._format = ('{"location":"%s"' + self._middle.replace("%", "%%")
+                        + (f',"arguments":[{arguments}]' if arguments else "") + self._checked.replace("%", "%%")
+                        + '%s.%03dZ"}')  # every capture taken and plain: the text is one `%` format (`many`)
 
     def __call__(self, location: str, match: Any, mtime: int) -> str:
         """`location` ends with the matched path: when that is plain, so are the captures taken from it."""
@@ -56,6 +77,44 @@ class PartitionText:
         listed = f',"arguments":[{",".join(arguments)}]' if arguments else ""
         where = f'"{location}"' if plain else quote(location)
         return f'{{"location":{where}{self._middle}{listed}{self._checked}{self._stamp(mtime)}"}}'
+
+
+    def many(self, root_location: str, files: list[tuple[str, int]],
+             fullmatch: Callable[[str], Any]) -> tuple[list[str], int]:
+        """The partitions of every file of a listing (`("/relative/path", mtime_ns)`) that a pattern matches, and
+        the latest of their mtimes (-1: none): what one call per file gives, made fast where every name is plain.
+        `fullmatch` must not time out (a linear pattern)."""
+        cut = 0 if root_location else 1  # the location: below the root location, or the folder's own path
+        if _PLAIN(root_location) is None or _PLAIN("".join([name for name, _ in files])) is None:
+            return self._each(root_location, files, fullmatch, cut)
+        out: list[str] = []
+        add, fmt, groups, seconds, second = out.append, self._format, self._groups, self._stamp.seconds, \
+            self._stamp.second
+        newest = -1
+        for name, mtime in files:
+            match = fullmatch(name)
+            if match is None:
+                continue
+            captures = match.groups()[:groups]
+            if None in captures:  # an optional group took no part: it and the rest give no argument
+                add(self((root_location + name)[cut:], match, mtime))
+            else:
+                ms = mtime // 1_000_000
+                add(fmt % ((root_location + name)[cut:], *captures, seconds.get(ms // 1000) or second(ms // 1000),
+                           ms % 1000))
+            if mtime > newest:
+                newest = mtime
+        return out, newest
+
+    def _each(self, root_location: str, files: list[tuple[str, int]], fullmatch: Callable[[str], Any],
+              cut: int) -> tuple[list[str], int]:
+        out: list[str] = []
+        newest = -1
+        for name, mtime in files:
+            if (match := fullmatch(name)) is not None:
+                out.append(self((root_location + name)[cut:], match, mtime))
+                newest = max(newest, mtime)
+        return out, newest
 
 
 class Splices:

@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 from lakefeed import log
 from lakefeed.batch.messages import columns as decoded_columns
 from lakefeed.config.model import FILES, EntityConfig, S3Source
+from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sources.base import Source
 from lakefeed.connectors.sources.kafka_source import FORMAT as KAFKA
 from lakefeed.connectors.sources.local_dir import LocalDirSource
@@ -35,7 +36,6 @@ from lakefeed.inbox import storage
 from lakefeed.inbox.files import Inbox, InboxRecord
 from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
-from lakefeed.manifests.cdm import manifest_stamp
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
 from lakefeed.pipeline.commit import BatchResult, Sinks
@@ -108,7 +108,7 @@ class EntityRunner:
         self._counting = threading.Lock()
         self.queries: dict[str, StreamingQuery] = {}
         self._shutdown = threading.Event()
-        self.failed_on: tuple[int, int] | None = None  # the manifest's (mtime, size) when an error stopped it
+        self.failed_on: tuple[int, ...] | None = None  # the manifest's file version when an error stopped it
         self._halting: dict[str, float] = {}  # streams being stopped -> when their running batch is given up
         self.consumed: dict[str, int] = {}
         self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
@@ -351,7 +351,7 @@ class EntityRunner:
     def stopped_by(self, error: LakefeedError) -> None:
         """An error lakefeed reported stops the entity. The manifest's version that failed (or, for other errors, the
         one there now) is kept: a change to it, a fix, starts the entity again (the supervisor's `_revive`)."""
-        self.failed_on = getattr(error, "stamp", None) or manifest_stamp(self.cfg.manifest)
+        self.failed_on = getattr(error, "stamp", None) or cdm_manifest.file_version(self.cfg.manifest)
         self.error, self.terminal = str(error), True
 
     def running(self) -> bool:

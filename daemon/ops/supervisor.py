@@ -38,13 +38,13 @@ from lakefeed.config import model as config
 from lakefeed.config.model import EntityConfig, LakefeedConfig
 from lakefeed.config.sources import WebhookNotifications
 from lakefeed.config.watch import ConfigWatcher
+from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
-from lakefeed.manifests.cdm import manifest_stamp
 from lakefeed.ops import spark, status_api
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
@@ -121,7 +121,8 @@ class Supervisor:
         try:
             spark.warm_up(session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
-            watcher = ConfigWatcher(self.config_path, self._reload.set, self.cfg.described_by) \
+            watcher = ConfigWatcher(self.config_path, self._reload.set, self.cfg.described_by,
+                                    cdm_manifest.written_here) \
                 if self.config_path and not self.drain else None
             self._watcher = watcher
             try:
@@ -239,7 +240,7 @@ class Supervisor:
         for name, runner in list(self.runners.items()):
             if runner.error is None or not runner.terminal:
                 continue
-            if manifest_stamp(runner.cfg.manifest) != runner.failed_on:
+            if cdm_manifest.file_version(runner.cfg.manifest) != runner.failed_on:
                 _log.info("entity.reviving", entity=name, reason=f"{runner.cfg.manifest} changed")
                 self._restart(name)
 

@@ -33,7 +33,7 @@ from lakefeed.manifests.cdm import METADATA_KEY
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
 
-SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is
+SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is (of each scope)
 
 
 @dataclass
@@ -110,12 +110,12 @@ class Committer:
         return clock.from_cdm(value) if value else None
 
     def commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
-               checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
-        """Commit a batch; `snapshot_file` is the location of the batch's last file for snapshot entities."""
+               checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None = None) -> None:
+        """Commit a batch; `snapshot`: the state its files make, for snapshot entities."""
         batch_id = result.batch_id
         meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
-        if snapshot_file is not None:
-            meta[SNAPSHOT_KEY] = snapshot_file
+        if snapshot is not None:
+            meta[SNAPSHOT_KEY] = snapshot.current
         if self.cfg.cdc.keyed and data is not None:
             data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
             bad = [*bad, *bad_kinds]
@@ -134,7 +134,7 @@ class Committer:
         result.watermark = new_watermark
         reduced = None
         if self.cfg.cdc.keyed:
-            reduced, dropped = self._reduce(data, snapshot_file, checked_at)
+            reduced, dropped = self._reduce(data, snapshot, checked_at)
             bad = [*bad, *dropped]
             if reduced is not None:
                 reduced = self._drop_stale(reduced, result)
@@ -161,7 +161,7 @@ class Committer:
                                                         "ids": list(self.cfg.format.ids)})
         try:
             if self.cfg.cdc.keyed:
-                self._merge(reduced, batch_id, table_meta, checked_at, result)
+                self._merge(reduced, batch_id, table_meta, checked_at, result, snapshot)
             else:
                 self._append(data, batch_id, meta, table_meta, checked_at, log_)
         except BaseException:
@@ -194,17 +194,17 @@ class Committer:
         for future in futures:
             future.result()
 
-    def _reduce(self, data: pa.Table | None, snapshot_file: str | None,
+    def _reduce(self, data: pa.Table | None, snapshot: cdc.Snapshot | None,
                 checked_at: datetime) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
         schema = self.sinks.table.schema()
-        if data is None and snapshot_file is not None and schema is not None:
+        if data is None and snapshot is not None and schema is not None:
             # An empty snapshot still says what the state is: nothing.
             data = schema.empty_table()
             for name, column in ((cdc.KIND, pa.array([], pa.string())), (cdc.ORDER, pa.array([], pa.int64())),
                                  ("source_file", pa.array([], pa.string())),
                                  (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
                 data = data.append_column(name, column)
-        return cdc.reduce(data, self.cfg.cdc, snapshot_file) if data is not None else (None, [])
+        return cdc.reduce(data, self.cfg.cdc, snapshot) if data is not None else (None, [])
 
     def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
         """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""
@@ -252,13 +252,13 @@ class Committer:
         tombstones.merge(deletes, plan, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
 
     def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
-               result: BatchResult) -> None:
+               result: BatchResult, snapshot: cdc.Snapshot | None) -> None:
         keys = self.cfg.cdc.primary_key
         if self.done(self.sinks.table, batch_id):
             version = self.sinks.table.version_of(self.app_id, batch_id)
         elif reduced is not None:
             source = data_columns(reduced).append_column(cdc.KIND, reduced.column(cdc.KIND))
-            plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND])
+            plan = cdc.plan(self.cfg.cdc, [c for c in source.column_names if c != cdc.KIND], snapshot)
             version = self.sinks.table.merge(source, plan, self.app_id, batch_id, table_meta)
             failpoints.reached("commit.table")
         else:

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages
+from lakefeed.batch.derived import derives, read_derived
 from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, argument_clash
 from lakefeed.batch.landed import Landed, Superseded, Unreadable, read_landed
 from lakefeed.batch.read import BadRow, FileRead, conform
@@ -36,6 +37,7 @@ from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.pipeline import snapshots
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.pipeline.faults import commit_or_park
 
@@ -143,7 +145,8 @@ class EntityPipeline:
         target = _without(self.sinks.table.schema(), {})
         data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
         result.files += len(entries)
-        snapshot = f"push/{stream}/{entries[-1].offset}" if self.cfg.cdc.strategy == "snapshot" else None
+        snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") if self.cfg.cdc.strategy == "snapshot" \
+            else None
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
         self._manifests()
         return result
@@ -200,12 +203,13 @@ class EntityPipeline:
             return result
         checked_at = clock.now()
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
-        doc = cdm_manifest.load(self.cfg.manifest)
+        doc = self.keeper.document()
         entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
-        discovery = Discovery.from_entity(entity, self.keeper.owned(), self.cfg.pattern_precedence)
+        discovery = Discovery.from_entity(entity, self.keeper.owned(), self.cfg.pattern_precedence,
+                                          self.keeper.doubled())
         siblings = _Siblings(doc, self.cfg.name)
         target = self.sinks.table.schema() or self._declared_schema(entity)
-        matched, removed = [], {}
+        matched, removed, also = [], {}, {}
         for rec in records:
             self._go_on()
             partition = self._discover(discovery, siblings, rec, log_)
@@ -215,6 +219,8 @@ class EntityPipeline:
                 removed[rec.offset] = partition
             else:
                 matched.append((rec, partition))
+                if (other := discovery.also(self._relative(rec.path), partition)) is not None:
+                    also[rec.offset] = other  # listed in both lists, as the CDM SDK would (ingested once)
         if target is None and matched:
             # The first file ever fixes the table's types; the others are read against them.
             first = self._read(*matched[0], None, checked_at, log_)
@@ -239,37 +245,23 @@ class EntityPipeline:
             if table is not None:
                 tables.append(table)
             result.files += 1
-            result.partitions.append(partition_record(partition_of[rec.offset],
-                                                      clock.to_cdm(clock.from_ns(rec.mtime_ns))))
+            mtime = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+            result.partitions.append(partition_record(partition_of[rec.offset], mtime))
+            if rec.offset in also:
+                result.partitions.append(partition_record(also[rec.offset], mtime, also=True))
         data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        snapshot_file = None
+        snapshot = None
         if self.cfg.cdc.strategy == "snapshot":
-            snapshot_file, retracted = self._snapshot_file(records, removed, reads_of, log_)
-            if retracted and data is not None:  # its rows, read before it went, are not the state either
-                data = data.filter(pc.not_equal(data.column("source_file"), retracted))
+            read = {offset: partition_of[offset] for offset, found in reads_of.items() if found is not None}
+            recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
+            snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
+            if retracted and data is not None:  # their rows, read before they went, are not the state either
+                gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
+                data = data.filter(pc.invert(gone))
         failpoints.reached("batch.discovered")
-        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot_file)
+        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
         self._manifests()
         return result
-
-    def _snapshot_file(self, records: list[InboxRecord], removed: dict[int, Partition],
-                       reads_of: dict[int, tuple | None], log_) -> tuple[str | None, str | None]:
-        """The location the state is after this batch (its last snapshot read, or the current one if its
-        object was removed and the policy retracts it), and that retracted location if so."""
-        current = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
-        chosen = retracted = None
-        for rec in records:
-            if rec.offset in removed:
-                location = removed[rec.offset].location
-                if location == current and self.cfg.cdc.on_snapshot_removed == "retract":
-                    chosen = retracted = location
-                    log_.warning("snapshot.retracted", location=location,
-                                 reason="the object of the current snapshot was deleted (on_snapshot_removed: "
-                                        "retract)")
-            elif (read := reads_of.get(rec.offset)) is not None:
-                chosen = current = read[0]
-                retracted = None if retracted == current else retracted
-        return chosen, retracted
 
     def _relative(self, path: str) -> str:
         """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""
@@ -330,8 +322,9 @@ class EntityPipeline:
             with Landed(path, source.path if isinstance(source, LocalDirSource) else path.parent, follow) as landed:
                 if local and landed.identity() != (rec.size, rec.mtime_ns):
                     raise Superseded("rewritten since it was enqueued")
-                read = read_landed(landed, self.cfg.format, None if self.cfg.cdc.debezium else file_target,
-                                   self.cfg.limits)
+                fmt, wanted = self.cfg.format, None if self.cfg.cdc.debezium else file_target
+                read = read_derived(landed, fmt, wanted, self.cfg.limits) if derives(fmt) else \
+                    read_landed(landed, fmt, wanted, self.cfg.limits)
         except FileNotFoundError:
             log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
             return None

@@ -49,11 +49,11 @@ def data_fault(exc: BaseException) -> bool:
 
 
 def commit_or_park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
-                   checked_at: datetime, log_: Any, snapshot_file: str | None = None) -> None:
+                   checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None = None) -> None:
     """Commit the batch; if the data is at fault, put every row of it in quarantine instead (once, also on
     replay: under an application id of its own) and let the stream go on."""
     try:
-        committer.commit(data, bad, result, checked_at, log_, snapshot_file)
+        committer.commit(data, bad, result, checked_at, log_, snapshot)
         return
     except Exception as exc:
         if not data_fault(exc) or _partly_committed(committer, result.batch_id):
