@@ -139,6 +139,46 @@ def test_crash_before_manifest_write_is_repaired_by_next_batch(setup, monkeypatc
     assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv"]
 
 
+def test_while_files_wait_the_manifests_take_at_most_a_tenth_of_the_time(setup, monkeypatch):
+    """A backlog's batches leave the manifests for later while their upkeep would take more than SHARE of the
+    time; the batch that drains it (or one long enough after) brings them current with every file before."""
+    from lakefeed.pipeline.pace import ManifestPace
+
+    cfg, pipeline, inbox = setup
+    now = [0.0]
+    pipeline.pace = ManifestPace(lambda: now[0])
+    refresh = pipeline.keeper.refresh
+
+    def costly() -> int:  # a large manifest's rewrite: one second
+        now[0] += 1.0
+        return refresh()
+
+    monkeypatch.setattr(pipeline.keeper, "refresh", costly)
+
+    def listed() -> list[str]:
+        entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
+        return sorted(p["location"] for p in entity.get("dataPartitions", []))
+
+    pipeline.backlog = lambda end: True
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    assert listed() == ["sales/a.csv"]  # the first batch's: nothing measured yet
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
+    assert listed() == ["sales/a.csv"]  # 1 s of upkeep just now: left for later
+    now[0] += 8.5
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/c.csv", "id\n3\n")), 2)
+    assert listed() == ["sales/a.csv"]  # 1 s in the last 9.5: still more than a tenth
+    now[0] += 0.5
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/d.csv", "id\n4\n")), 3)
+    assert listed() == ["sales/a.csv", "sales/b.csv", "sales/c.csv", "sales/d.csv"]  # a tenth: current again
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/e.csv", "id\n5\n")), 4)
+    assert len(listed()) == 4
+    pipeline.settle()  # a stop: no later batch comes
+    assert len(listed()) == 5
+    pipeline.backlog = lambda end: False  # the backlog drained: current at once
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/f.csv", "id\n6\n")), 5)
+    assert len(listed()) == 6 and rows(cfg.table).num_rows == 6
+
+
 def test_an_unchanged_manifest_is_not_parsed_again_but_any_edit_is_seen(setup, monkeypatch):
     cfg, pipeline, inbox = setup
     pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
@@ -227,7 +267,8 @@ def test_existing_manifest_keeps_every_other_field_and_explicit_partitions(tmp_p
     doc = cdm_manifest.load(cfg.manifest)
     for key in ("customKey", "imports", "relationships", "subManifests", "jsonSchemaSemanticVersion"):
         assert doc[key] == manifest[key]
-    assert doc["entities"][1] == manifest["entities"][1]
+    borrowed = doc["entities"][1]  # kept as it was, checked (its owner's manifest is not there to give a time)
+    assert borrowed.pop("lastFileStatusCheckTime") == _sales_checked(doc) and borrowed == manifest["entities"][1]
     sales = doc["entities"][0]
     assert sales["x-note"] == "mine"
     parts = {p["location"]: p for p in sales["dataPartitions"]}
@@ -256,6 +297,10 @@ def test_an_entity_the_manifest_only_borrows_is_refused_with_what_to_do(tmp_path
     with pytest.raises(ManifestError, match="borrows entity 'sales' from other/x.manifest.cdm.json/sales"):
         _prepared(cfg)
     assert json.loads((landing / "default.manifest.cdm.json").read_text()) == manifest  # never written
+
+
+def _sales_checked(doc) -> str:
+    return next(e for e in doc["entities"] if e["entityName"] == "sales")["lastFileStatusCheckTime"]
 
 
 def _removal(inbox, path):

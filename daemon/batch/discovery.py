@@ -301,3 +301,18 @@ def match_pattern(pattern: Pattern, relative_path: str) -> Partition | None:
             break
         args.setdefault(pattern.parameters[i - 1], []).append(value)
     return Partition(root + file_name, args, pattern.incremental_type, pattern.name, False)
+
+
+class Siblings:
+    """The other local entities of the manifest: a file one of them takes is theirs, not unmatched (every entity
+    of a CDM folder sees every file landing in it). Their patterns are compiled on the first unmatched file."""
+
+    def __init__(self, doc: dict[str, Any], own: str) -> None:
+        self._entities = [e for e in doc.get("entities") or () if e.get("entityName") != own
+                          and e.get("type", "LocalEntity") == "LocalEntity"]
+        self._discoveries: list[Discovery] | None = None
+
+    def take(self, relative: str) -> bool:
+        if self._discoveries is None:
+            self._discoveries = [Discovery.from_entity(e) for e in self._entities]
+        return any(d.match(relative) is not None for d in self._discoveries)

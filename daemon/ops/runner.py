@@ -88,6 +88,7 @@ class EntityRunner:
         if intake is not None:
             self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)
         self.inbox: Inbox | None = None
+        self.pipeline.backlog = lambda end: self.inbox is not None and len(self.inbox) > end
         self.source: Source | None = None
         if isinstance(cfg.source, S3Source):
             self.inbox = Inbox(cfg.state / "inbox")
@@ -341,6 +342,11 @@ class EntityRunner:
 
     def stop(self, deadline: float) -> None:
         self.stop_streams(list(self.queries), deadline)
+        try:
+            self.pipeline.settle()
+        except Exception as exc:  # noqa: BLE001 (the stop goes on: the next start's refresh applies every commit)
+            _log.error("manifests.unsettled", entity=self.cfg.name, error=f"{type(exc).__name__}: {exc}",
+                       reason="the manifests are brought current at the next start")
         if self.inbox is not None:
             self.inbox.close()
         for writer in self._writers.values():

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages
 from lakefeed.batch.derived import derives, read_derived
-from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, argument_clash
+from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings, argument_clash
 from lakefeed.batch.landed import Landed, Superseded, Unreadable, read_landed
 from lakefeed.batch.read import BadRow, FileRead, conform
 from lakefeed.batch.schema import from_entity_document
@@ -40,6 +40,7 @@ from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_reco
 from lakefeed.pipeline import snapshots
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
 from lakefeed.pipeline.faults import commit_or_park
+from lakefeed.pipeline.pace import ManifestPace
 
 _log = log.get(__name__)
 
@@ -63,6 +64,10 @@ class EntityPipeline:
         self.on_schema: Callable[[pa.Schema | str | None], None] = lambda _: None
         # True once a stop's time is up (the runner's shutdown deadline): the file batch is given up between files.
         self.halted: Callable[[], bool] = lambda: False
+        # Whether landed files wait beyond an inbox offset (the runner's inbox): the manifests' pace (pipeline/pace.py).
+        self.backlog: Callable[[int], bool] = lambda end: False
+        self.pace = ManifestPace()
+        self._deferred = False  # a batch left the manifests for a later one
         # pyarrow releases the GIL while parsing: files are read side by side.
         self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
 
@@ -207,7 +212,7 @@ class EntityPipeline:
         entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
         discovery = Discovery.from_entity(entity, self.keeper.owned(), self.cfg.pattern_precedence,
                                           self.keeper.doubled())
-        siblings = _Siblings(doc, self.cfg.name)
+        siblings = Siblings(doc, self.cfg.name)
         target = self.sinks.table.schema() or self._declared_schema(entity)
         matched, removed, also = [], {}, {}
         for rec in records:
@@ -260,7 +265,7 @@ class EntityPipeline:
                 data = data.filter(pc.invert(gone))
         failpoints.reached("batch.discovered")
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
-        self._manifests()
+        self._manifests(records[-1].offset + 1)
         return result
 
     def _relative(self, path: str) -> str:
@@ -269,16 +274,31 @@ class EntityPipeline:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
 
-    def _manifests(self) -> None:
-        """After a batch (committed, or replayed and found committed): each manifest brought to committed state."""
-        for manifest in self.manifests:
-            manifest.refresh()
+    def _manifests(self, end: int | None = None) -> None:
+        """After a batch (committed, or replayed and found committed): each manifest brought to committed state;
+        `end`, the inbox offset after a file batch: while files wait beyond it, the pace may leave it for later."""
+        if end is not None and not self.pace.due(self.backlog(end)):
+            _log.debug("manifests.deferred", entity=self.cfg.name, reason="files wait for the next batch")
+            self._deferred = True
+            return
+
+        def refresh() -> None:
+            for manifest in self.manifests:
+                manifest.refresh()
+            self._deferred = False
+
+        self.pace.timed(refresh)
+
+    def settle(self) -> None:
+        """The streams stopped, so no later batch comes: manifests left for one are brought current now."""
+        if self._deferred:
+            self._manifests()
 
     def _go_on(self) -> None:
         if self.halted():
             raise Abandoned("the daemon is stopping, and the time it gives a running batch is up")
 
-    def _discover(self, discovery: Discovery, siblings: _Siblings, rec: InboxRecord, log_) -> Partition | None:
+    def _discover(self, discovery: Discovery, siblings: Siblings, rec: InboxRecord, log_) -> Partition | None:
         relative = self._relative(rec.path)
         partition = discovery.match(relative)
         if partition is None and siblings.take(relative):
@@ -360,21 +380,6 @@ class EntityPipeline:
         if document is None or not document.exists():
             return None
         return from_entity_document(document, self.cfg.name)
-
-class _Siblings:
-    """The other local entities of the manifest: a file one of them takes is theirs, not unmatched (every entity
-    of a CDM folder sees every file landing in it). Their patterns are compiled on the first unmatched file."""
-
-    def __init__(self, doc: dict, own: str) -> None:
-        self._entities = [e for e in doc.get("entities") or () if e.get("entityName") != own
-                          and e.get("type", "LocalEntity") == "LocalEntity"]
-        self._discoveries: list[Discovery] | None = None
-
-    def take(self, relative: str) -> bool:
-        if self._discoveries is None:
-            self._discoveries = [Discovery.from_entity(e) for e in self._entities]
-        return any(d.match(relative) is not None for d in self._discoveries)
-
 
 def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
     for name, values in partition.arguments.items():
