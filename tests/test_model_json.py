@@ -163,3 +163,23 @@ def test_the_daemon_takes_a_synapse_link_folder_out_of_order_and_twice(tmp_path)
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
+
+
+def test_tables_are_found_with_each_model_json_parsed_once_per_version(tmp_path, monkeypatch):
+    """A reload (every data-manifest or config edit) reads only the model.json files that are new or changed."""
+    from lakefeed.config import synapse
+
+    for day in (1, 2, 3):
+        (tmp_path / f"2024-01-0{day}T00.00.00Z").mkdir()
+    _folder(tmp_path, "2024-01-01T00.00.00Z", {"account": ACCOUNT}, {})
+    assert synapse.found_tables(tmp_path) == {"account"}
+    parsed = []
+    loads = synapse.json.loads
+    monkeypatch.setattr(synapse.json, "loads", lambda text: parsed.append(1) or loads(text))
+    assert synapse.found_tables(tmp_path) == {"account"} and parsed == []
+    _folder(tmp_path, "2024-01-02T00.00.00Z", {"contact": ACCOUNT}, {})
+    assert synapse.found_tables(tmp_path) == {"account", "contact"} and len(parsed) == 1
+    _folder(tmp_path, "2024-01-01T00.00.00Z", {"account": ACCOUNT, "lead": ACCOUNT}, {})  # rewritten
+    assert synapse.found_tables(tmp_path) == {"account", "contact", "lead"} and len(parsed) == 2
+    (tmp_path / "2024-01-03T00.00.00Z" / "model.json").write_text('{"entities": [')  # being written
+    assert synapse.found_tables(tmp_path) == {"account", "contact", "lead"}

@@ -58,10 +58,24 @@ def found_tables(root: Path) -> set[str]:
     except OSError:
         return found
     for folder in folders:
-        try:
-            doc = json.loads((folder / MODEL).read_text(encoding="utf-8-sig"))
-            found |= {e["name"] for e in doc["entities"] if isinstance(e, dict) and isinstance(e.get("name"), str)
-                      and e.get("$type", "LocalEntity") == "LocalEntity"}
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # missing, being written, or broken: its tables are found once it is whole
+        found |= _tables_of(folder / MODEL)
     return found
+
+
+_read: dict[Path, tuple[tuple[int, int], frozenset[str]]] = {}  # model.json -> ((mtime, size), its tables)
+
+
+def _tables_of(model: Path) -> frozenset[str]:
+    """The tables of one model.json; each file is parsed once per version (a reload reads only the new ones)."""
+    try:
+        st = model.stat()
+        known = _read.get(model)
+        if known is not None and known[0] == (st.st_mtime_ns, st.st_size):
+            return known[1]
+        doc = json.loads(model.read_text(encoding="utf-8-sig"))
+        tables = frozenset(e["name"] for e in doc["entities"] if isinstance(e, dict)
+                           and isinstance(e.get("name"), str) and e.get("$type", "LocalEntity") == "LocalEntity")
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()  # missing, being written, or broken: its tables are found once it is whole
+    _read[model] = (st.st_mtime_ns, st.st_size), tables
+    return tables
