@@ -16,7 +16,8 @@ test: test-requirements $(VENV)/.installed
 	$(BIN)/python -m pytest
 
 # Before anything is installed: the suite needs Java for Spark, and also drives Chromium (the status page
-# test) and systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run). All that
+# test), systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run) and Rust's cargo
+# (it builds tests/arrow_digest_ref, the reference of the ODF logical hash, from crates.io). All that
 # is missing is named at once, with the apt-get line (README: Requirements). `make run` needs only Java.
 test-requirements:
 	@missing=""; why=""; \
@@ -26,9 +27,11 @@ test-requirements:
 	  missing="$$missing chromium"; why="$$why\n  chromium: the status page test, in headless Chromium"; fi; \
 	if ! command -v systemd-analyze >/dev/null 2>&1; then \
 	  missing="$$missing systemd"; why="$$why\n  systemd-analyze (package systemd): the unit file tests"; fi; \
-	if [ -n "$$missing" ]; then \
+	if ! command -v cargo >/dev/null 2>&1; then \
+	  why="$$why\n  cargo (a current Rust, https://rustup.rs): builds the arrow-digest reference of the ODF hash tests"; fi; \
+	if [ -n "$$why" ]; then \
 	  printf 'make test: the test suite needs programs that are missing:%b\n' "$$why" >&2; \
-	  printf 'Install them (Debian): sudo apt-get install%s\n' "$$missing" >&2; \
+	  [ -z "$$missing" ] || printf 'Install them (Debian): sudo apt-get install%s\n' "$$missing" >&2; \
 	  exit 1; \
 	fi
 

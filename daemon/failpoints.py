@@ -7,7 +7,7 @@ watchdog tests).
 
 Points: `batch.discovered` (files matched and read, nothing committed), `commit.quarantine`,
 `commit.table` (state committed, changelog not), `commit.changelog` (both committed, manifest
-not written), `manifest.written`.
+not written), `manifest.written`, `odf.block_written` (a slice's block written, `refs/head` not moved).
 """
 
 from __future__ import annotations

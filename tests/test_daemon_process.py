@@ -157,7 +157,7 @@ def _changes_csv(rows: list[tuple[int, str, int]]) -> str:
 
 
 @pytest.mark.parametrize("point", ["batch.discovered", "commit.quarantine", "commit.table", "commit.changelog",
-                                   "manifest.written"])
+                                   "manifest.written", "odf.block_written"])
 def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, point):
     """SIGKILL at a precise step of a batch, restart, and the tables are exactly what the changes say."""
     import random

@@ -22,6 +22,7 @@ RANKS = [
     ["lakefeed.connectors.sources", "lakefeed.connectors.streams"],
     ["lakefeed.batch"],
     ["lakefeed.connectors.sinks"],
+    ["lakefeed.odf", "lakefeed.query"],
     ["lakefeed.manifests"],
     ["lakefeed.pipeline"],
     ["lakefeed.intake"],

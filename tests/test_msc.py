@@ -119,7 +119,7 @@ def _on_disk(folder: Path, keys: list[str]) -> dict[str, tuple[int, int]]:
 def _table_files(table: Path) -> dict[str, tuple[int, int]]:
     from deltalake import DeltaTable
 
-    from lakefeed.manifests.delta_log import table_files
+    from lakefeed.connectors.sinks.delta_log import table_files
 
     return _on_disk(table, table_files(DeltaTable(str(table))))
 

@@ -165,6 +165,8 @@ class EntityConfig(Frozen):
     history: Location
     tombstones: Location = Field(description="Sequences of deleted keys (with sequence_by), so that an "
                                                  "older change arriving later cannot bring a deleted row back.")
+    odf: Location = Field(description="The entity's Open Data Fabric dataset: its hash-linked metadata chain and "
+                          "data slices (docs/odf.md).")
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: top-level `storage`).")
@@ -308,6 +310,7 @@ class LakefeedConfig(Frozen):
                     "quarantine": f"{lake}/{name}/quarantine",
                     "history": f"{lake}/{name}/history",
                     "tombstones": f"{lake}/{name}/tombstones",
+                    "odf": f"{lake}/{name}/odf",
                     "checkpoint": f"{state}/{name}/checkpoint",
                     "state": f"{state}/{name}",
                     **raw,

@@ -1,5 +1,5 @@
-"""The one interface of the lake's manifests (CDM, MSC, Kartothek): each is derived from committed state, so a
-crash between a commit and its write is repaired by the next refresh."""
+"""The one interface of the lake's manifests (CDM, MSC, Kartothek, the ODF chain): each is derived from committed
+state, so a crash between a commit and its write is repaired by the next refresh."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ class LakeManifest(Protocol):
 
 def manifests_of(cfg: EntityConfig, keeper: LakeManifest, storage: Storage) -> list[LakeManifest]:
     """Every manifest of the entity: the CDM manifest (its keeper), the MSC manifests, the Kartothek metadata
-    (these two as the config asks)."""
+    (these two as the config asks) and the Open Data Fabric chain."""
     from lakefeed.manifests.folders import FolderManifests
     from lakefeed.manifests.kartothek import KartothekDataset
+    from lakefeed.odf.chain import OdfChain
 
-    return [keeper, FolderManifests(cfg, storage), KartothekDataset(cfg, storage)]
+    return [keeper, FolderManifests(cfg, storage), KartothekDataset(cfg, storage), OdfChain(cfg, storage)]

@@ -24,10 +24,10 @@ from lakefeed.config.model import EntityConfig, PatternSpec
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.errors import ManifestError
+from lakefeed.manifests.cdm_checks import LISTS, check_listed, check_referenced, set_time
 from lakefeed.manifests.cdm_parents import propagate
 
 METADATA_KEY = "lakefeed.partitions"
-_LISTS = ("dataPartitions", "incrementalPartitions")
 COMPACT_ABOVE = 2000  # partitions in a manifest: written without indentation (C-fast, a fraction of the size)
 _locks: defaultdict[Path, threading.Lock] = defaultdict(threading.Lock)
 _log = log.get(__name__)
@@ -117,15 +117,15 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
     `manifest_mtime`, the time of the manifest's file, becomes its `lastFileModifiedTime` if it has none (as the
     CDM SDK: lakefeed's own rewrites, which bring times and partitions current, are not counted)."""
     index: dict[tuple[str, str], dict[str, Any]] = {}  # (list, location) -> declaration
-    for key in _LISTS:
+    for key in LISTS:
         for decl in entity.get(key) or ():
             index[key, normalize_location(decl.get("location", ""))] = decl
     for rec in records:
         location = normalize_location(rec["location"])
-        own, other = _LISTS[::-1] if rec["type"] else _LISTS
+        own, other = LISTS[::-1] if rec["type"] else LISTS
         if rec.get("removed"):  # every listing of the file goes
-            gone = [index.pop((key, location)) for key in _LISTS if (key, location) in index]
-            for key in _LISTS if gone else ():
+            gone = [index.pop((key, location)) for key in LISTS if (key, location) in index]
+            for key in LISTS if gone else ():
                 entity[key] = [d for d in entity.get(key) or () if all(d is not g for g in gone)]
             continue
         existing = index.get((own, location))
@@ -151,59 +151,15 @@ def apply(doc: dict[str, Any], entity: dict[str, Any], checked: str, records: li
         for pattern in entity.get(key) or ():
             pattern["lastFileStatusCheckTime"] = checked
     children = [d.get("lastFileModifiedTime") for d in index.values()]
-    _set_time(entity, "lastFileStatusCheckTime", checked)
-    _set_time(entity, "lastFileModifiedTime", clock.latest(entity.get("lastFileModifiedTime"), schema_mtime))
-    _set_time(entity, "lastChildFileModifiedTime", clock.latest(entity.get("lastChildFileModifiedTime"), *children))
-    _set_time(doc, "lastFileStatusCheckTime", checked)
+    set_time(entity, "lastFileStatusCheckTime", checked)
+    set_time(entity, "lastFileModifiedTime", clock.latest(entity.get("lastFileModifiedTime"), schema_mtime))
+    set_time(entity, "lastChildFileModifiedTime", clock.latest(entity.get("lastChildFileModifiedTime"), *children))
+    set_time(doc, "lastFileStatusCheckTime", checked)
     if not doc.get("lastFileModifiedTime"):
-        _set_time(doc, "lastFileModifiedTime", manifest_mtime)
-    _set_time(doc, "lastChildFileModifiedTime", clock.latest(
+        set_time(doc, "lastFileModifiedTime", manifest_mtime)
+    set_time(doc, "lastChildFileModifiedTime", clock.latest(
         doc.get("lastChildFileModifiedTime"), entity.get("lastChildFileModifiedTime"),
         entity.get("lastFileModifiedTime")))
-
-
-def check_listed(entity: dict[str, Any], folder: Path, owned: set[str], checked: str,
-                 doubled: dict[str, bool]) -> None:
-    """Check the files of the partitions the manifest lists itself (not lakefeed's, see `Discovery.from_entity`):
-    each gets the check time, whether or not its file is there (as the CDM SDK records the check), and the
-    file's time when it is."""
-    for key, incremental in zip(_LISTS, (False, True), strict=True):
-        for decl in entity.get(key) or ():
-            location = decl.get("location") if isinstance(decl, dict) else None
-            if not isinstance(location, str) or not location or normalize_location(location) in owned or \
-                    doubled.get(normalize_location(location)) is incremental:
-                continue
-            if ":" in location.split("/", 1)[0] and not location.startswith("local:"):
-                continue  # another namespace: not here to check
-            decl["lastFileStatusCheckTime"] = checked
-            try:
-                mtime = (folder / normalize_location(location)).stat().st_mtime_ns
-            except OSError:
-                continue
-            decl["lastFileModifiedTime"] = clock.latest(decl.get("lastFileModifiedTime"),
-                                                        clock.to_cdm(clock.from_ns(mtime)))
-
-
-def check_referenced(doc: dict[str, Any], folder: Path, corpus: Path, checked: str) -> None:
-    """Entities the manifest borrows (`ReferencedEntity`): the check time, and the time of the manifest that owns
-    each, which is read, never written (as `manifest check`, and the CDM SDK). `folder` is the manifest's,
-    `corpus` the root manifest's (where `/…` paths start); another namespace (`remote:/…`) is not reachable."""
-    for entity in doc.get("entities") or ():
-        if not isinstance(entity, dict) or entity.get("type") != "ReferencedEntity":
-            continue
-        entity["lastFileStatusCheckTime"] = checked
-        target = str(entity.get("entityPath") or entity.get("entityDeclaration") or "").removeprefix("local:")
-        if ".cdm.json" not in target or ":" in target.split("/", 1)[0]:
-            continue
-        document = target[: target.index(".cdm.json") + len(".cdm.json")]
-        try:
-            mtime = ((corpus if document.startswith("/") else folder) / document.lstrip("/")).stat().st_mtime_ns
-        except OSError:
-            continue
-        entity["lastFileModifiedTime"] = clock.latest(entity.get("lastFileModifiedTime"),
-                                                      clock.to_cdm(clock.from_ns(mtime)))
-        _set_time(doc, "lastChildFileModifiedTime", clock.latest(doc.get("lastChildFileModifiedTime"),
-                                                                 entity["lastFileModifiedTime"]))
 
 
 def _pattern_traits(entity: dict[str, Any], pattern_name: str | None, kind: str | None) -> list[Any]:
@@ -214,12 +170,6 @@ def _pattern_traits(entity: dict[str, Any], pattern_name: str | None, kind: str 
     traits = [json.loads(json.dumps(t)) for t in pattern.get("exhibitsTraits") or ()
               if (t.get("traitReference") if isinstance(t, dict) else t) != INCREMENTAL_TRAIT]
     return [*traits, _incremental_trait(kind, pattern_name)] if kind else traits
-
-
-def _set_time(obj: dict[str, Any], key: str, value: str | None) -> None:
-    """CDM readers fail on a time without a zone (or null): an unknown time is left out."""
-    if value is not None:
-        obj[key] = value
 
 
 class ManifestKeeper:

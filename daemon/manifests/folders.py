@@ -22,10 +22,10 @@ from deltalake import DeltaTable
 from lakefeed import log
 from lakefeed.config.model import EntityConfig
 from lakefeed.config.sources import LocalDirSource
+from lakefeed.connectors.sinks import delta_log
 from lakefeed.inbox import storage as storage_
 from lakefeed.inbox.files import InboxReader
 from lakefeed.inbox.storage import Storage
-from lakefeed.manifests import delta_log
 from lakefeed.manifests.msc import MscWriter, Obj
 
 _log = log.get(__name__)

@@ -31,8 +31,8 @@ from deltalake import DeltaTable
 
 from lakefeed import failpoints, log
 from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks import delta_log
 from lakefeed.inbox.storage import Storage
-from lakefeed.manifests import delta_log
 
 VERSION_KEY = "lakefeed.table_version"
 _log = log.get(__name__)

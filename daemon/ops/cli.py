@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
+from datetime import date, time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lakefeed import log
 from lakefeed.config import model as config
@@ -25,9 +27,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     validate = sub.add_parser("validate", help="check a config file; print every problem as file:line: field: msg")
     validate.add_argument("file")
-    verify = sub.add_parser("verify", help="check that each entity's changelog replays to its current table")
+    verify = sub.add_parser("verify", help="check that each entity's changelog replays to its current table, its "
+                            "manifests agree with its tables and its ODF chain holds (docs/odf.md)")
     verify.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     verify.add_argument("--entity", action="append", help="only this entity (repeatable)")
+    query = sub.add_parser("query", help="print an entity's rows as at a system time and as of an event time, "
+                           "from its changelog (docs/bitemporal.md)")
+    query.add_argument("entity")
+    query.add_argument("--as-at", help="system time, ISO 8601: what the lake held then (default: now)")
+    query.add_argument("--as-of", help="event time, ISO 8601: count only the changes that had happened by then "
+                       "(default: all)")
+    query.add_argument("--format", choices=("table", "csv", "jsonl"), default="table", help="default table")
+    query.add_argument("--limit", type=int, help="at most N rows, the first written")
+    query.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     watermark = sub.add_parser("watermark", help="about event-time watermarks")
     wm_sub = watermark.add_subparsers(dest="watermark_command", required=True)
     advance = wm_sub.add_parser("advance", help="move an entity's watermark forward (e.g. for an idle source)")
@@ -114,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(cfg, args.entity)
     if args.command == "watermark":
         return _advance_watermark(cfg, args.entity, args.to)
+    if args.command == "query":
+        return _query(cfg, args.entity, args.as_at, args.as_of, args.format, args.limit)
     if args.command == "status":
         from lakefeed.ops.status_cli import show_status
 
@@ -164,6 +178,64 @@ def _verify(cfg: config.LakefeedConfig, only: list[str] | None) -> int:
             print(f"  {problem}")
         failed += bool(problems)
     return 1 if failed else 0
+
+
+def _query(cfg: config.LakefeedConfig, entity: str, as_at: str | None, as_of: str | None, form: str,
+           limit: int | None) -> int:
+    from lakefeed import clock
+    from lakefeed.query.bitemporal import QueryError, state
+
+    times = {}
+    for flag, text in (("--as-at", as_at), ("--as-of", as_of)):
+        try:
+            times[flag] = clock.from_cdm(text) if text is not None else None
+        except ValueError:
+            print(f"lakefeed: {flag} {text!r} is not an ISO 8601 time; give e.g. 2024-05-01T12:00:00Z",
+                  file=sys.stderr)
+            return 2
+    if entity not in {e.name for e in cfg.entities}:
+        print(f"lakefeed: no entity {entity!r} in the config", file=sys.stderr)
+        return 2
+    try:
+        rows = state(cfg.entity(entity), as_at=times["--as-at"], as_of=times["--as-of"], limit=limit)
+    except QueryError as exc:
+        print(f"lakefeed: {exc}", file=sys.stderr)
+        return 1
+    _print_rows(rows.to_pylist(), rows.column_names, form)
+    return 0
+
+
+def _print_rows(rows: list[dict[str, Any]], columns: list[str], form: str) -> None:
+    """Rows as JSON lines, CSV or an aligned text table; times in ISO 8601, nested values as JSON, nulls as
+    JSON null or an empty cell."""
+    if form == "jsonl":
+        for row in rows:
+            print(json.dumps(row, default=_json_value, ensure_ascii=False))
+        return
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    if form == "csv":
+        csv.writer(sys.stdout, lineterminator="\n").writerows([columns, *cells])
+        return
+    widths = [max(len(text) for text in column) for column in zip(columns, *cells, strict=True)]
+    for line in [columns, ["-" * w for w in widths], *cells]:
+        print("  ".join(text.ljust(w) for text, w in zip(line, widths, strict=True)).rstrip())
+    print(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, date | time):
+        return value.isoformat()
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=_json_value, ensure_ascii=False)
+    return _json_value(value) if isinstance(value, date | time | bytes) else str(value)
 
 
 def _advance_watermark(cfg: config.LakefeedConfig, entity: str, to: str) -> int:

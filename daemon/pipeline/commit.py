@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.changelog import build_changelog, data_columns, quarantine_table
+from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.batch.read import BadRow
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
@@ -71,6 +72,7 @@ class BatchResult:
     skipped: bool = False
     watermark: datetime | None = None
     partitions: list[dict[str, Any]] = field(default_factory=list)
+    source_state: dict[str, str] | None = None  # where the batch ends in its source (the ODF chain records it)
 
 
 class ChangelogOffsets:
@@ -156,14 +158,16 @@ class Committer:
                                                         "partitions": result.partitions})}
         if new_watermark is not None:
             table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
+        changelog_meta = {**meta, **({event_time.WATERMARK_KEY: clock.to_cdm(new_watermark)} if new_watermark else {}),
+                          **({SOURCE_STATE_KEY: json.dumps(result.source_state)} if result.source_state else {})}
         if isinstance(self.cfg.format, TextFileFormat):  # what the data manifest says of the data, every commit
             table_meta[DATA_MANIFEST_KEY] = json.dumps({"metadata": self.cfg.format.metadata,
                                                         "ids": list(self.cfg.format.ids)})
         try:
             if self.cfg.cdc.keyed:
-                self._merge(reduced, batch_id, table_meta, checked_at, result, snapshot)
+                self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot)
             else:
-                self._append(data, batch_id, meta, table_meta, checked_at, log_)
+                self._append(data, batch_id, changelog_meta, table_meta, checked_at, log_)
         except BaseException:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
@@ -251,8 +255,9 @@ class Committer:
         plan = cdc.MergePlan(keys, seq, seq, snapshot=False, insert_updates_of_absent=True)
         tombstones.merge(deletes, plan, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
 
-    def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str], checked_at: datetime,
-               result: BatchResult, snapshot: cdc.Snapshot | None) -> None:
+    def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str],
+               changelog_meta: dict[str, str], checked_at: datetime, result: BatchResult,
+               snapshot: cdc.Snapshot | None) -> None:
         keys = self.cfg.cdc.primary_key
         if self.done(self.sinks.table, batch_id):
             version = self.sinks.table.version_of(self.app_id, batch_id)
@@ -283,7 +288,7 @@ class Committer:
         first = self._offsets.start()
         rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
         if not self.done(self.sinks.changelog, batch_id):
-            self.sinks.changelog.append(rows, self.app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+            self.sinks.changelog.append(rows, self.app_id, batch_id, changelog_meta)
             self._offsets.next = first + rows.num_rows
             failpoints.reached("commit.changelog")
         if history is not None and history_due:

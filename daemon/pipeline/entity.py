@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
-from lakefeed.batch import cdc, event_time, frames, messages
+from lakefeed.batch import cdc, event_time, frames, messages, positions
 from lakefeed.batch.derived import derives, read_derived
 from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings, argument_clash
 from lakefeed.batch.landed import Landed, Superseded, Unreadable, read_landed
+from lakefeed.batch.provenance import file_schema, with_arguments
 from lakefeed.batch.read import BadRow, FileRead, conform
 from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
@@ -112,7 +113,7 @@ class EntityPipeline:
         if schema is None:
             doc = cdm_manifest.load(self.cfg.manifest)
             schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
-        return _without(schema, {})
+        return file_schema(schema, {})
 
     def _table_changed(self) -> None:
         """A commit may have created or evolved the table: with push sources, its schema is read again here, in
@@ -147,9 +148,10 @@ class EntityPipeline:
             result.skipped = True
             return result
         checked_at = clock.now()
-        target = _without(self.sinks.table.schema(), {})
+        target = file_schema(self.sinks.table.schema(), {})
         data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
         result.files += len(entries)
+        result.source_state = positions.of_frames(stream, entries[-1].offset)
         snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") if self.cfg.cdc.strategy == "snapshot" \
             else None
         commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
@@ -181,9 +183,10 @@ class EntityPipeline:
         if tombstones:
             log_.info("kafka.tombstones_skipped", messages=tombstones)
         result.files = batch.num_rows
+        result.source_state = positions.of_messages(stream, batch)
         data = None
         if rows is not None:
-            read = conform(rows, _without(self.sinks.table.schema(), {}))
+            read = conform(rows, file_schema(self.sinks.table.schema(), {}))
             bad.extend((f"kafka/{stream}", b) for b in read.bad)
             data = read.table
             assert data is not None
@@ -207,6 +210,7 @@ class EntityPipeline:
             self._manifests()
             return result
         checked_at = clock.now()
+        result.source_state = positions.of_files(FILES, [rec.offset for rec in records])
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
         doc = self.keeper.document()
         entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
@@ -335,7 +339,7 @@ class EntityPipeline:
                 log_.info("file.superseded", file=rec.path)
                 path.unlink(missing_ok=True)
                 return None
-        file_target = _without(target, partition.arguments)
+        file_target = file_schema(target, partition.arguments)
         source = self.cfg.source
         follow = local and isinstance(source, LocalDirSource) and source.follow_symlinks
         try:
@@ -365,7 +369,7 @@ class EntityPipeline:
         clash = argument_clash(partition, read.table.column_names)
         if clash is not None:
             return location, None, [*read.bad, BadRow(None, clash, f"{read.table.num_rows} rows not applied")]
-        table = _with_arguments(read.table, partition, location)
+        table = with_arguments(read.table, partition, location)
         if self.cfg.cdc.keyed:
             table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, partition.incremental_type), rec.offset)
         elif partition.incremental_type not in (None, "Insert"):
@@ -380,17 +384,3 @@ class EntityPipeline:
         if document is None or not document.exists():
             return None
         return from_entity_document(document, self.cfg.name)
-
-def _with_arguments(table: pa.Table, partition: Partition, location: str) -> pa.Table:
-    for name, values in partition.arguments.items():
-        value = values[0] if len(values) == 1 else json.dumps(values)
-        table = table.append_column(name, pa.repeat(pa.scalar(value, pa.string()), table.num_rows))
-    return table.append_column("source_file", pa.repeat(pa.scalar(location, pa.string()), table.num_rows))
-
-
-def _without(schema: pa.Schema | None, arguments: dict[str, list[str]]) -> pa.Schema | None:
-    """The file's part of a schema: partition arguments come from the path, provenance from lakefeed."""
-    if schema is None:
-        return None
-    return pa.schema([f for f in schema if f.name not in arguments and f.name != "source_file"
-                      and not f.name.startswith("__")])

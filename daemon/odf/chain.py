@@ -1,0 +1,329 @@
+"""The entity's Open Data Fabric metadata chain, derived from committed Delta history as the CDM manifest is.
+
+After every commit (`refresh`), each changelog commit the chain does not hold yet becomes one `AddData` block:
+its rows are the data slice (offsets `first..last`, contiguous with the previous slice), stored as
+`data/<physical hash>` (the changelog's own Parquet file, hard-linked or copied server-side; several files of one
+commit are joined into one), with the slice's logical hash, the watermark and the source position the batch
+committed (commit metadata `lakefeed.watermark`, `lakefeed.source_state`). Blocks before the first slice: `Seed`
+(a `did:odf:` id from an ed25519 key made once per entity and kept in its state folder), the sources
+(odf/sources.py), and `SetDataSchema` before the first slice and whenever the changelog's schema changes.
+
+Idempotent by construction: a slice is identified by its offsets, and a block's content (system time included:
+the slice's own `system_time`) depends only on the commit, so a crash between the Delta commit and the block
+write is repaired by the next refresh, and a replayed batch (which commits nothing new) adds no block."""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lakefeed import clock, failpoints, log
+from lakefeed.batch.event_time import WATERMARK_KEY
+from lakefeed.batch.positions import SOURCE_STATE_KEY
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks import delta_log
+from lakefeed.inbox.storage import Storage
+from lakefeed.odf import keys, multiformats
+from lakefeed.odf.blocks import (
+    AddData,
+    AddPushSource,
+    DataSlice,
+    Event,
+    MetadataBlock,
+    Seed,
+    SetDataSchema,
+    SetPollingSource,
+    SourceState,
+    block_hash,
+    encode,
+)
+from lakefeed.odf.decode import decode
+from lakefeed.odf.logical_hash import logical_multihash
+from lakefeed.odf.schema import data_schema
+from lakefeed.odf.sources import source_events
+from lakefeed.odf.store import DatasetStore
+
+_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_log = log.get(__name__)
+
+
+@dataclass
+class ChainState:
+    """What appending needs to know of the chain; kept beside the entity's state (`odf-head.json`) and rebuilt
+    by walking the chain when that file does not name the current head."""
+
+    head: bytes | None = None
+    sequence: int = -1
+    system_time: datetime | None = None
+    last_offset: int | None = None
+    watermark: datetime | None = None
+    schema_block: bytes | None = None
+    source_blocks: list[bytes] = field(default_factory=list)
+    version: int = -1  # the changelog version the chain reaches (-1: find it from last_offset)
+
+
+@dataclass(frozen=True)
+class Commit:
+    version: int
+    files: tuple[tuple[int, int, str], ...]  # (first offset, last offset, path) in offset order
+    meta: dict[str, Any]
+
+    @property
+    def first(self) -> int:
+        return self.files[0][0]
+
+    @property
+    def last(self) -> int:
+        return self.files[-1][1]
+
+
+class OdfChain:
+    """The entity's ODF dataset (`cfg.odf`), one writer per process."""
+
+    def __init__(self, cfg: EntityConfig, storage: Storage) -> None:
+        self.cfg = cfg
+        self.store = DatasetStore(str(cfg.odf), storage)
+        self._storage = storage
+        self._schema: tuple | None = None  # the fields the chain's last SetDataSchema holds, once checked
+        self._changelog_fs, self._changelog_root = storage.fs_of(str(cfg.changelog))
+        self._sidecar = Path(cfg.state) / "odf-head.json"
+        self._state: ChainState | None = None
+        self._sources_checked = False
+        self._stuck: int | None = None  # a changelog version the chain could not take (logged once)
+
+    def refresh(self) -> int:
+        """Append what the changelog committed since the last refresh; the number of blocks appended."""
+        with _locks[self.store.location]:
+            state = self._state or self._load()
+            before = state.sequence
+            if state.head is None:
+                self._append(state, Seed(multiformats.dataset_id(keys.public_key(self.cfg.state))), clock.now())
+            if not self._sources_checked:
+                for event in source_events(self.cfg):
+                    if not any(self._holds(h, event) for h in state.source_blocks):
+                        self._append(state, event, clock.now())
+                self._sources_checked = True
+            for commit in self._new_commits(state):
+                if not self._add_slice(state, commit):
+                    break
+                state.version = commit.version
+            self._state = state
+            if state.sequence != before:
+                self._save(state)
+            return state.sequence - before
+
+    def check(self) -> list[str]:
+        from lakefeed.odf.check import check_chain
+
+        return check_chain(self.store, self.cfg)
+
+    # -- appending ---------------------------------------------------------------------------------------------
+
+    def _append(self, state: ChainState, event: Event, when: datetime) -> None:
+        if state.system_time is not None and when < state.system_time:
+            when = state.system_time  # system times never go back along the chain
+        block = MetadataBlock(when, state.head, state.sequence + 1, event)
+        data = encode(block)
+        hash_ = block_hash(data)
+        self.store.put_block(hash_, data)
+        if isinstance(event, AddData):
+            failpoints.reached("odf.block_written")  # a slice's block written, the head not moved to it
+        self.store.set_head(hash_)
+        state.head, state.sequence, state.system_time = hash_, block.sequence_number, when
+        if isinstance(event, SetDataSchema):
+            state.schema_block = hash_
+        elif isinstance(event, SetPollingSource | AddPushSource):
+            state.source_blocks.append(hash_)
+        elif isinstance(event, AddData):
+            if event.new_data is not None:
+                state.last_offset = event.new_data.end
+            state.watermark = event.new_watermark or state.watermark
+        _log.debug("odf.block_appended", entity=self.cfg.name, sequence=block.sequence_number,
+                   kind=type(event).__name__, block=multiformats.to_text(hash_))
+
+    def _holds(self, hash_: bytes, event: Event) -> bool:
+        """Whether block `hash_` carries `event` (the same block with this event has the same bytes)."""
+        data = self.store.block(hash_)
+        d = decode(data)
+        return encode(MetadataBlock(d.system_time, d.prev_block_hash, d.sequence_number, event)) == data
+
+    def _add_slice(self, state: ChainState, commit: Commit) -> bool:
+        expected = 0 if state.last_offset is None else state.last_offset + 1
+        if commit.last < expected:
+            return True  # in the chain already (a replay, or a rewrite of old files)
+        if commit.first != expected:
+            _log.error("odf.offset_gap", entity=self.cfg.name, version=commit.version, first=commit.first,
+                       expected=expected, hint="the changelog's offsets are not contiguous: run lakefeed verify")
+            return False
+        table, data, source = self._slice_of(commit)
+        try:
+            fields, logical = data_schema(table.schema), logical_multihash(table)
+        except ValueError as exc:  # data ODF cannot describe or hash: the chain stops here, ingestion goes on
+            if self._stuck != commit.version:
+                _log.error("odf.slice_refused", entity=self.cfg.name, version=commit.version, error=str(exc),
+                           hint="the changelog holds a type Open Data Fabric cannot hash; the chain stays at "
+                                "the slice before (lakefeed verify reports it)")
+            self._stuck = commit.version
+            return False
+        if fields != self._schema and (state.schema_block is None or
+                                       not self._holds(state.schema_block, SetDataSchema(fields))):
+            self._append(state, SetDataSchema(fields), clock.now())
+        self._schema = fields
+        physical = multiformats.sha3(data)
+        if source is not None:
+            self.store.link_data(physical, source)
+        else:
+            self.store.put_data(physical, data)
+        watermark = clock.from_cdm(commit.meta[WATERMARK_KEY]) if commit.meta.get(WATERMARK_KEY) else None
+        if state.watermark is not None and (watermark is None or watermark < state.watermark):
+            watermark = state.watermark  # carried, never moved back
+        written = pc.max(table.column("system_time")).as_py()
+        event = AddData(prev_offset=state.last_offset,
+                        new_data=DataSlice(logical, physical, commit.first, commit.last, len(data)),
+                        new_watermark=watermark, new_source_state=_source_state(commit.meta.get(SOURCE_STATE_KEY)))
+        self._append(state, event, written or clock.now())
+        return True
+
+    def _slice_of(self, commit: Commit) -> tuple[pa.Table, bytes, str | None]:
+        """The slice's rows and bytes, and the file they are (None: several files, joined into new bytes)."""
+        contents = []
+        for _, _, path in commit.files:
+            with self._changelog_fs.open_input_stream(path) as stream:
+                contents.append(stream.read())
+        tables = [pq.read_table(pa.BufferReader(c)) for c in contents]
+        if len(tables) == 1:
+            return tables[0], contents[0], commit.files[0][2]
+        table = pa.concat_tables(tables, promote_options="default")
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        return table, sink.getvalue(), None
+
+    # -- what is new ---------------------------------------------------------------------------------------------
+
+    def _new_commits(self, state: ChainState) -> list[Commit]:
+        fs, root = self._changelog_fs, self._changelog_root
+        latest = delta_log.latest_version(fs, root, state.version)
+        if latest is None or latest <= state.version:
+            return []
+        commits: list[Commit] = []
+        version = latest
+        try:
+            while version > state.version:
+                commit = _read_commit(fs, root, version)
+                if commit is not None:
+                    if state.last_offset is not None and commit.last <= state.last_offset:
+                        break
+                    commits.append(commit)
+                version -= 1
+        except FileNotFoundError:  # the log was cleaned up: the files themselves, one slice per file
+            return self._whole(state, latest)
+        return commits[::-1]
+
+    def _whole(self, state: ChainState, latest: int) -> list[Commit]:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(self.cfg.changelog), version=latest,
+                           storage_options=self._storage.delta_options(str(self.cfg.changelog)))
+        adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        files = sorted((a["min.offset"], a["max.offset"], posixpath.join(self._changelog_root, unquote(a["path"])))
+                       for a in adds if a.get("min.offset") is not None)
+        return [Commit(latest, (f,), {}) for f in files
+                if state.last_offset is None or f[1] > state.last_offset]
+
+    # -- the chain's state ---------------------------------------------------------------------------------------
+
+    def _load(self) -> ChainState:
+        head = self.store.head()
+        if head is None:
+            return ChainState()
+        try:
+            saved = json.loads(self._sidecar.read_text())
+            if saved.get("head") == multiformats.to_text(head):
+                return _from_json(saved)
+        except (OSError, ValueError, KeyError):
+            pass
+        return self._walk(head)
+
+    def _walk(self, head: bytes) -> ChainState:
+        """The state from the chain itself, newest block first (after a crash, or without the state file)."""
+        state, hash_, first = ChainState(head=head), head, True
+        seen_data = seen_watermark = False
+        while hash_ is not None:
+            d = decode(self.store.block(hash_))
+            if first:
+                state.sequence, state.system_time, first = d.sequence_number, d.system_time, False
+            if d.event_kind == "SetDataSchema" and state.schema_block is None:
+                state.schema_block = hash_
+            elif d.event_kind in ("SetPollingSource", "AddPushSource"):
+                state.source_blocks.append(hash_)
+            elif d.event_kind == "AddData":
+                if not seen_data and (d.event.new_data is not None or d.event.prev_offset is not None):
+                    state.last_offset = d.event.new_data.end if d.event.new_data else d.event.prev_offset
+                    seen_data = True
+                if not seen_watermark and d.event.new_watermark is not None:
+                    state.watermark, seen_watermark = d.event.new_watermark, True
+            hash_ = d.prev_block_hash
+        _log.info("odf.chain_walked", entity=self.cfg.name, blocks=state.sequence + 1)
+        return state
+
+    def _save(self, state: ChainState) -> None:
+        self._sidecar.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._sidecar.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_to_json(state)))
+        tmp.replace(self._sidecar)
+
+
+def _read_commit(fs: Any, root: str, version: int) -> Commit | None:
+    """A changelog commit's new files with their offsets (from the add actions' statistics), None without any."""
+    with fs.open_input_stream(posixpath.join(root, delta_log.LOG, f"{version:020d}.json")) as stream:
+        actions = [json.loads(line) for line in stream.read().decode().splitlines() if line.strip()]
+    meta = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    files = []
+    for add in (a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)):
+        stats = json.loads(add.get("stats") or "{}")
+        low, high = stats.get("minValues", {}).get("offset"), stats.get("maxValues", {}).get("offset")
+        if low is None or high is None:
+            continue  # no rows
+        files.append((int(low), int(high), posixpath.join(root, unquote(add["path"]))))
+    return Commit(version, tuple(sorted(files)), meta) if files else None
+
+
+def _source_state(text: str | None) -> SourceState | None:
+    if not text:
+        return None
+    value = json.loads(text)
+    return SourceState(value["source"], value["kind"], value["value"])
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _to_json(state: ChainState) -> dict[str, Any]:
+    text = multiformats.to_text
+    return {"head": text(state.head) if state.head else None, "sequence": state.sequence,
+            "system_time": state.system_time.isoformat() if state.system_time else None,
+            "last_offset": state.last_offset, "watermark": state.watermark.isoformat() if state.watermark else None,
+            "schema_block": text(state.schema_block) if state.schema_block else None,
+            "source_blocks": [text(h) for h in state.source_blocks], "version": state.version}
+
+
+def _from_json(saved: dict[str, Any]) -> ChainState:
+    parse = multiformats.from_text
+    return replace(ChainState(), head=parse(saved["head"]), sequence=saved["sequence"],
+                   system_time=_parse_time(saved["system_time"]), last_offset=saved["last_offset"],
+                   watermark=_parse_time(saved["watermark"]),
+                   schema_block=parse(saved["schema_block"]) if saved["schema_block"] else None,
+                   source_blocks=[parse(h) for h in saved["source_blocks"]], version=saved["version"])
