@@ -217,6 +217,9 @@ def batch_breakdown(log_path: Path) -> list[dict]:
             current = b
         elif ev["event"] == "manifest.written" and current is not None:
             batches[current].setdefault("manifest", _ts(ev))
+        elif ev["event"] == "odf.appended" and current is not None:
+            batches[current].setdefault("odf", _ts(ev))
+            batches[current].setdefault("odf_s", ev.get("seconds"))
     out = []
     for b in order:
         d = batches[b]
@@ -231,6 +234,8 @@ def batch_breakdown(log_path: Path) -> list[dict]:
             "concat_changelog_commit_s": round(d["committed"] - disc[-1] - per_file, 3),
             "batch_s": round(d["committed"] - disc[0], 3),
             "manifest_s": round(d["manifest"] - d["committed"], 3) if "manifest" in d else None,
+            "odf_chain_s": d.get("odf_s"),  # the ODF chain's refresh (hashing the slice, writing its block)
+            "all_manifests_s": round(d["odf"] - d["committed"], 3) if "odf" in d else None,
             "start": disc[0], "committed": d["committed"],
         })
     return out

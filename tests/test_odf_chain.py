@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -191,3 +192,43 @@ def test_every_flipped_byte_in_a_block_a_data_file_or_the_head_is_reported(lake,
         assert any(f"data/{target.name}" in p for p in problems), problems
     else:
         assert any("refs/head" in p or "is missing" in p for p in problems), problems
+
+
+def _changelog_commit(cfg, files: list[list[int]], **meta: str) -> None:
+    """A changelog commit of several files (as the writer splits a large batch), each with the given offsets."""
+    import time
+    import uuid
+
+    from deltalake import CommitProperties, DeltaTable
+    from deltalake.transaction import AddAction
+
+    table = DeltaTable(str(cfg.changelog))
+    like = table.to_pyarrow_table().slice(0, 1)
+    actions = []
+    for offsets in files:
+        rows = pa.concat_tables([like] * len(offsets)).set_column(0, "offset", pa.array(offsets, pa.int64()))
+        name = f"part-{uuid.uuid4()}.parquet"
+        pq.write_table(rows, cfg.changelog / name)
+        stats = {"numRecords": len(offsets), "minValues": {"offset": min(offsets)},
+                 "maxValues": {"offset": max(offsets)}, "nullCount": {"offset": 0}}
+        actions.append(AddAction(name, (cfg.changelog / name).stat().st_size, {}, int(time.time() * 1000), True,
+                                 json.dumps(stats)))
+    table.create_write_transaction(actions, "append", like.schema, commit_properties=CommitProperties(
+        custom_metadata=meta))
+
+
+def test_a_commit_the_writer_split_into_files_is_a_slice_per_file_and_a_shuffled_one_is_joined(setup):
+    cfg, pipeline, inbox = setup
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    state = json.dumps({"source": "files", "kind": "lakefeed/inbox-offset", "value": "9"})
+    _changelog_commit(cfg, [[1, 2], [3], [4, 5, 6]], **{"lakefeed.source_state": state})
+    chain = OdfChain(cfg, pipeline.storage)
+    chain.refresh()
+    slices = [b.event for _, b in _chain(cfg) if b.event_kind == "AddData"][1:]
+    assert [(s.new_data.start, s.new_data.end) for s in slices] == [(1, 2), (3, 3), (4, 6)]
+    assert [s.new_source_state for s in slices[:2]] == [None, None] and slices[2].new_source_state.value == "9"
+    _changelog_commit(cfg, [[7, 9], [8, 10]])  # files whose offsets interleave: one slice, joined
+    chain.refresh()
+    last = [b.event for _, b in _chain(cfg) if b.event_kind == "AddData"][-1]
+    assert (last.new_data.start, last.new_data.end) == (7, 10)
+    assert chain.check() == []

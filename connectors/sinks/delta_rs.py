@@ -43,10 +43,13 @@ def contiguous(data: pa.Table) -> pa.Table:
 
 class DeltaRsSink(TableSink):
     def __init__(self, uri: str | Path, storage_options: dict[str, str] | None = None,
-                 unique_columns: tuple[str, ...] = (), partition_by: tuple[str, ...] = ()) -> None:
+                 unique_columns: tuple[str, ...] = (), partition_by: tuple[str, ...] = (),
+                 file_bytes: int | None = None) -> None:
         """`unique_columns` hold (nearly) unique values, such as offsets: Parquet dictionaries are skipped for them;
-        `partition_by`: the columns a new table is partitioned by (Hive-style folders)."""
+        `partition_by`: the columns a new table is partitioned by (Hive-style folders); `file_bytes`: the size at
+        which an append starts a new file (delta-rs's default, ~100 MB, when None)."""
         self.uri = str(uri)
+        self._file_bytes = file_bytes
         self._partition_by = list(partition_by) or None
         self._options = storage_options
         self._table: DeltaTable | None = None
@@ -78,6 +81,7 @@ class DeltaRsSink(TableSink):
             schema_mode="merge",
             storage_options=self._options,
             writer_properties=self._writer,
+            target_file_size=self._file_bytes,
             commit_properties=CommitProperties(
                 custom_metadata=metadata, app_transactions=[Transaction(app_id, version)]
             ),

@@ -1,12 +1,13 @@
 """The entity's Open Data Fabric metadata chain, derived from committed Delta history as the CDM manifest is.
 
-After every commit (`refresh`), each changelog commit the chain does not hold yet becomes one `AddData` block:
+After every commit (`refresh`), each changelog commit the chain does not hold yet becomes an `AddData` block:
 its rows are the data slice (offsets `first..last`, contiguous with the previous slice), stored as
-`data/<physical hash>` (the changelog's own Parquet file, hard-linked or copied server-side; several files of one
-commit are joined into one), with the slice's logical hash, the watermark and the source position the batch
-committed (commit metadata `lakefeed.watermark`, `lakefeed.source_state`). Blocks before the first slice: `Seed`
-(a `did:odf:` id from an ed25519 key made once per entity and kept in its state folder), the sources
-(odf/sources.py), and `SetDataSchema` before the first slice and whenever the changelog's schema changes.
+`data/<physical hash>`: the changelog's own Parquet file, hard-linked or copied server-side (a commit the writer
+split into files of consecutive offsets is a slice, and a block, per file; other multi-file commits are joined
+into one), with the slice's logical hash, the watermark and the source position the batch committed (commit
+metadata `lakefeed.watermark`, `lakefeed.source_state`). Blocks before the first slice: `Seed` (a `did:odf:` id
+from an ed25519 key made once per entity and kept in its state folder), the sources (odf/sources.py), and
+`SetDataSchema` before the first slice and whenever the changelog's schema changes.
 
 Idempotent by construction: a slice is identified by its offsets, and a block's content (system time included:
 the slice's own `system_time`) depends only on the commit, so a crash between the Delta commit and the block
@@ -18,7 +19,9 @@ import io
 import json
 import posixpath
 import threading
+import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -56,6 +59,7 @@ from lakefeed.odf.sources import source_events
 from lakefeed.odf.store import DatasetStore
 
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odf-physical-hash")
 _log = log.get(__name__)
 
 
@@ -77,7 +81,7 @@ class ChainState:
 @dataclass(frozen=True)
 class Commit:
     version: int
-    files: tuple[tuple[int, int, str], ...]  # (first offset, last offset, path) in offset order
+    files: tuple[tuple[int, int, int, str], ...]  # (first offset, last offset, rows, path) in offset order
     meta: dict[str, Any]
 
     @property
@@ -105,6 +109,7 @@ class OdfChain:
 
     def refresh(self) -> int:
         """Append what the changelog committed since the last refresh; the number of blocks appended."""
+        started = time.perf_counter()
         with _locks[self.store.location]:
             state = self._state or self._load()
             before = state.sequence
@@ -116,12 +121,14 @@ class OdfChain:
                         self._append(state, event, clock.now())
                 self._sources_checked = True
             for commit in self._new_commits(state):
-                if not self._add_slice(state, commit):
+                if not all(self._add_slice(state, piece) for piece in _pieces(commit)):
                     break
                 state.version = commit.version
             self._state = state
             if state.sequence != before:
                 self._save(state)
+                _log.info("odf.appended", entity=self.cfg.name, blocks=state.sequence - before,
+                          last_offset=state.last_offset, seconds=round(time.perf_counter() - started, 3))
             return state.sequence - before
 
     def check(self) -> list[str]:
@@ -168,6 +175,7 @@ class OdfChain:
                        expected=expected, hint="the changelog's offsets are not contiguous: run lakefeed verify")
             return False
         table, data, source = self._slice_of(commit)
+        physical_of = _HASHER.submit(multiformats.sha3, data)  # beside the logical hash: SHA3 frees the GIL
         try:
             fields, logical = data_schema(table.schema), logical_multihash(table)
         except ValueError as exc:  # data ODF cannot describe or hash: the chain stops here, ingestion goes on
@@ -181,7 +189,7 @@ class OdfChain:
                                        not self._holds(state.schema_block, SetDataSchema(fields))):
             self._append(state, SetDataSchema(fields), clock.now())
         self._schema = fields
-        physical = multiformats.sha3(data)
+        physical = physical_of.result()
         if source is not None:
             self.store.link_data(physical, source)
         else:
@@ -199,13 +207,13 @@ class OdfChain:
     def _slice_of(self, commit: Commit) -> tuple[pa.Table, bytes, str | None]:
         """The slice's rows and bytes, and the file they are (None: several files, joined into new bytes)."""
         contents = []
-        for _, _, path in commit.files:
+        for *_, path in commit.files:
             with self._changelog_fs.open_input_stream(path) as stream:
                 contents.append(stream.read())
         tables = [pq.read_table(pa.BufferReader(c)) for c in contents]
         if len(tables) == 1:
-            return tables[0], contents[0], commit.files[0][2]
-        table = pa.concat_tables(tables, promote_options="default")
+            return tables[0], contents[0], commit.files[0][3]
+        table = pa.concat_tables(tables, promote_options="default").sort_by("offset")
         sink = io.BytesIO()
         pq.write_table(table, sink)
         return table, sink.getvalue(), None
@@ -237,7 +245,8 @@ class OdfChain:
         table = DeltaTable(str(self.cfg.changelog), version=latest,
                            storage_options=self._storage.delta_options(str(self.cfg.changelog)))
         adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-        files = sorted((a["min.offset"], a["max.offset"], posixpath.join(self._changelog_root, unquote(a["path"])))
+        files = sorted((a["min.offset"], a["max.offset"], a["num_records"],
+                        posixpath.join(self._changelog_root, unquote(a["path"])))
                        for a in adds if a.get("min.offset") is not None)
         return [Commit(latest, (f,), {}) for f in files
                 if state.last_offset is None or f[1] > state.last_offset]
@@ -296,8 +305,23 @@ def _read_commit(fs: Any, root: str, version: int) -> Commit | None:
         low, high = stats.get("minValues", {}).get("offset"), stats.get("maxValues", {}).get("offset")
         if low is None or high is None:
             continue  # no rows
-        files.append((int(low), int(high), posixpath.join(root, unquote(add["path"]))))
+        rows = int(stats.get("numRecords", -1))
+        files.append((int(low), int(high), rows, posixpath.join(root, unquote(add["path"]))))
     return Commit(version, tuple(sorted(files)), meta) if files else None
+
+
+def _pieces(commit: Commit) -> list[Commit]:
+    """The slices of a commit: each of its files when each holds a run of offsets that continues the one before
+    (a large batch the writer split), so that every slice is a file as written; else the commit as one slice.
+    The batch's source position goes on its last slice."""
+    files = commit.files
+    runs = all(rows == last - first + 1 for first, last, rows, _ in files) and \
+        all(b[0] == a[1] + 1 for a, b in zip(files, files[1:], strict=False))
+    if len(files) == 1 or not runs:
+        return [commit]
+    before = {k: v for k, v in commit.meta.items() if k != SOURCE_STATE_KEY}
+    return [Commit(commit.version, (f,), commit.meta if i == len(files) - 1 else before)
+            for i, f in enumerate(files)]
 
 
 def _source_state(text: str | None) -> SourceState | None:

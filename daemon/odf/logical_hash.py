@@ -25,17 +25,20 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.types as pt
 
 from lakefeed.odf import multiformats
 
-_CHUNK = 1 << 16  # values encoded at a time: bounds the memory the index arrays take
+_CHUNK = 1 << 18  # values encoded at a time: bounds the memory their encodings take
 _U64 = np.dtype("<u8")
 
 
+_WORKERS = 2
 BATCH_ROWS = 10_000  # kamu's `get_parquet_logical_hash` reads a slice in batches of this many rows
 
 
@@ -44,32 +47,46 @@ def logical_multihash(table: pa.Table | pa.RecordBatch) -> bytes:
 
 
 def logical_digest(table: pa.Table | pa.RecordBatch, batch_rows: int = BATCH_ROWS) -> bytes:
-    """The digest of `table` fed in batches of `batch_rows` rows, as kamu feeds a slice (where a struct and its
-    fields both have nulls the crate's result depends on the batches)."""
-    schema = table.schema
+    """The digest of `table` as kamu computes it over the slice read in batches of `batch_rows` rows (only a
+    struct whose fields have nulls of their own hashes differently in other batches). The columns are hashed in
+    parallel: SHA3 and Arrow's kernels run outside the GIL."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    table = table.combine_chunks()
     record = hashlib.sha3_256()
-    columns: list[tuple[str, pa.DataType, list[pa.Array]]] = []
-    for name, level, type_ in _walk_fields(schema, 0):
+    columns: list[tuple[str, pa.DataType, list[tuple[pa.Array, np.ndarray | None]]]] = []
+    for name, level, type_ in _walk_fields(table.schema, 0):
         record.update(struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<Q", level))
         if not pt.is_struct(type_):
             columns.append((name, type_, []))
-    for batch in table.to_batches(max_chunksize=batch_rows):
-        leaves = list(_leaves(batch.columns, None))
-        for (_, _, parts), leaf in zip(columns, leaves, strict=True):
-            parts.append(leaf)
-    for name, type_, parts in columns:
-        hasher = hashlib.sha3_256()
-        try:
-            hasher.update(_type_bytes(type_))
-            for array, validity in parts:
-                _update(hasher, array, validity)
-        except ValueError as exc:
-            raise ValueError(f"column {name!r}: {exc}") from exc
-        record.update(hasher.digest())
+    leaf = 0
+    for column in table.columns:
+        if pt.is_struct(column.type):
+            whole = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            windows = [whole.slice(i, batch_rows) for i in range(0, len(whole), batch_rows)]
+            parts = [list(_leaves([w], None)) for w in windows]
+            width = sum(1 for _, _, t in _walk_fields(column.type, 0) if not pt.is_struct(t))
+            for i in range(width):
+                columns[leaf + i][2].extend(p[i] for p in parts)
+            leaf += width
+        else:
+            columns[leaf][2].extend((chunk, _validity(chunk)) for chunk in column.chunks)
+            leaf += 1
+    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        for digest in pool.map(_column_digest, columns):
+            record.update(digest)
     return record.digest()
+
+
+def _column_digest(column: tuple[str, pa.DataType, list[tuple[pa.Array, np.ndarray | None]]]) -> bytes:
+    name, type_, parts = column
+    hasher = hashlib.sha3_256()
+    try:
+        hasher.update(_type_bytes(type_))
+        for array, validity in parts:
+            _update(hasher, array, validity)
+    except ValueError as exc:
+        raise ValueError(f"column {name!r}: {exc}") from exc
+    return hasher.digest()
 
 
 def _walk_fields(fields: pa.Schema | pa.StructType, level: int) -> Iterator[tuple[str, int, pa.DataType]]:
@@ -136,127 +153,84 @@ def _fixed_width(t: pa.DataType) -> int | None:
 def _update(hasher: hashlib._Hash, array: pa.Array, validity: np.ndarray | None) -> None:
     width = _fixed_width(array.type)
     if width is not None and validity is None:  # the crate hashes the whole buffer in one go
-        hasher.update(_fixed_values(array, width).tobytes())
+        hasher.update(_fixed_values(array, width))
         return
     for start in range(0, len(array), _CHUNK):
         part = array.slice(start, _CHUNK)
         valid = None if validity is None else validity[start:start + _CHUNK]
-        hasher.update(_encode(part, valid).tobytes())
+        hasher.update(_stream(_elements(part, valid)))
 
 
-def _fixed_values(array: pa.Array, width: int) -> np.ndarray:
-    data = np.frombuffer(array.buffers()[1], dtype=np.uint8)
-    return data[array.offset * width:(array.offset + len(array)) * width]
+def _fixed_values(array: pa.Array, width: int) -> memoryview:
+    return memoryview(array.buffers()[1])[array.offset * width:(array.offset + len(array)) * width]
 
 
-def _encode(array: pa.Array, valid: np.ndarray | None) -> np.ndarray:
-    """The bytes the crate feeds for `array`'s values, `valid` its (combined) validity, None when all are."""
-    n = len(array)
-    mask = np.ones(n, dtype=bool) if valid is None else valid
-    t = array.type
+def _stream(encoded: pa.LargeBinaryArray) -> memoryview:
+    """The values' encodings one after the other: the data buffer between the first and the last offset."""
+    offsets = np.frombuffer(encoded.buffers()[1], dtype=np.int64)
+    first, last = int(offsets[encoded.offset]), int(offsets[encoded.offset + len(encoded)])
+    data = encoded.buffers()[2]
+    return memoryview(data)[first:last] if data is not None else memoryview(b"")
+
+
+_NULL = pa.scalar(b"\x00", pa.large_binary())
+_NOTHING = pa.scalar(b"", pa.large_binary())
+
+
+def _headers(values: np.ndarray) -> pa.Array:
+    """Each value as its 8 little-endian bytes, one binary value each."""
+    raw = np.ascontiguousarray(values, dtype=_U64)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(8), len(raw), [None, pa.py_buffer(raw)]) \
+        .cast(pa.large_binary())
+
+
+def _elements(array: pa.Array, valid: np.ndarray | None) -> pa.LargeBinaryArray:
+    """The encoding of each value, as the crate feeds it, one binary value each; `valid` is the (combined)
+    validity, None when all are. A slot null in the array but valid by its struct's mask reads as zeros (as in
+    arrow-rs's readers)."""
+    n, t = len(array), array.type
+    own = None if array.null_count == 0 else array.is_valid()
     width = _fixed_width(t)
-    own = _validity(array)  # a slot null in the array but valid by its struct's mask reads as zeros (as arrow-rs)
-    if width is not None:
-        values = _fixed_values(array, width)
-        if own is not None:
-            values = values.reshape(n, width).copy()
-            values[~own] = 0
-            values = values.reshape(-1)
-        return _frame(mask, None, np.arange(n) * width, np.arange(1, n + 1) * width, values)
     if pt.is_boolean(t):
         values = array.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint8) + 1
-        return np.where(mask, values, 0).astype(np.uint8)
-    if t in (pa.string_view(), pa.binary_view()):
-        array = array.cast(pa.large_string() if t == pa.string_view() else pa.large_binary())
-        t = array.type
-    if pt.is_string(t) or pt.is_large_string(t) or pt.is_binary(t) or pt.is_large_binary(t):
-        offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if pt.is_large_string(t) or
-                                pt.is_large_binary(t) else np.int32)[array.offset:array.offset + n + 1]
-        data = np.frombuffer(array.buffers()[2], dtype=np.uint8) if array.buffers()[2] else np.zeros(0, np.uint8)
-        begin, end = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
+        body = np.where(True if valid is None else valid, values, 0).astype(np.uint8)
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(1), n, [None, pa.py_buffer(body)]) \
+            .cast(pa.large_binary())
+    if width is not None or pt.is_fixed_size_binary(t):
+        size = width if width is not None else t.byte_width
+        raw = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * size:(array.offset + n) * size]
         if own is not None:
-            end = np.where(own, end, begin)
-        return _frame(mask, end - begin, begin, end, data)
-    if pt.is_fixed_size_binary(t):
-        size = t.byte_width
-        data = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * size:(array.offset + n) * size]
-        if own is not None:
-            data = data.reshape(n, size).copy()
-            data[~own] = 0
-            data = data.reshape(-1)
-        begin = np.arange(n) * size
-        return _frame(mask, np.full(n, size), begin, begin + size, data)
-    if pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t):
+            raw = raw.reshape(n, size).copy()
+            raw[~own.to_numpy(zero_copy_only=False)] = 0
+        body = pa.FixedSizeBinaryArray.from_buffers(pa.binary(size), n, [None, pa.py_buffer(raw)]) \
+            .cast(pa.large_binary())
+        if width is None:  # fixed-size binary values carry their size first
+            body = pc.binary_join_element_wise(_headers(np.full(n, size)), body, _NOTHING)
+    elif pt.is_string(t) or pt.is_large_string(t) or pt.is_binary(t) or pt.is_large_binary(t) \
+            or t in (pa.string_view(), pa.binary_view()):
+        values = pc.fill_null(array.cast(pa.large_binary()), _NOTHING)
+        lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
+        body = pc.binary_join_element_wise(_headers(lengths), values, _NOTHING)
+    elif pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t):
         if pt.is_fixed_size_list(t):
             offsets = (array.offset + np.arange(n + 1)) * t.list_size
         else:
             offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if pt.is_large_list(t) else np.int32)[
                 array.offset:array.offset + n + 1].astype(np.int64)
-        values = array.values
-        low, high = int(offsets[0]), int(offsets[-1])
-        child = values.slice(low, high - low)
-        starts = _starts(child)
-        data = _encode(child, _validity(child))
-        begin, end = starts[offsets[:-1] - low], starts[offsets[1:] - low]
-        counts = offsets[1:] - offsets[:-1]
+        counts = np.diff(offsets)
+        if own is not None:  # a null list holds nothing
+            keep = own.to_numpy(zero_copy_only=False)
+            counts = np.where(keep, counts, 0)
+        child = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        items = _elements(child, None if child.null_count == 0 else child.is_valid().to_numpy(zero_copy_only=False))
         if own is not None:
-            end, counts = np.where(own, end, begin), np.where(own, counts, 0)
-        return _frame(mask, counts, begin, end, data)
-    raise ValueError(f"arrow-digest does not hash type {t}")
-
-
-def _starts(array: pa.Array) -> np.ndarray:
-    """Where each value's encoding starts in `_encode(array)`, and its end (n + 1 entries)."""
-    n = len(array)
-    valid = _validity(array)
-    mask = np.ones(n, dtype=bool) if valid is None else valid
-    t = array.type
-    if _fixed_width(t) is not None:
-        sizes = np.where(mask, _fixed_width(t), 1)
-    elif pt.is_boolean(t):
-        sizes = np.ones(n, dtype=np.int64)
-    elif pt.is_fixed_size_binary(t):
-        sizes = np.where(mask, 8 + t.byte_width, 1)
-    elif pt.is_list(t) or pt.is_large_list(t) or pt.is_fixed_size_list(t):
-        sizes = np.diff(_list_starts(array))
-        sizes = np.where(mask, 8 + sizes, 1)
+            picked = np.repeat(np.arange(n), np.diff(offsets))  # the list each item belongs to
+            items = items.filter(pa.array(keep[picked])) if len(picked) else items
+        joined = pc.binary_join(pa.LargeListArray.from_arrays(
+            pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int64()), items), _NOTHING)
+        body = pc.binary_join_element_wise(_headers(counts), pc.fill_null(joined, _NOTHING), _NOTHING)
     else:
-        if t in (pa.string_view(), pa.binary_view()):
-            array = array.cast(pa.large_string() if t == pa.string_view() else pa.large_binary())
-        lengths = np.diff(np.frombuffer(array.buffers()[1], dtype=np.int64 if array.type in (
-            pa.large_string(), pa.large_binary()) else np.int32)[array.offset:array.offset + n + 1])
-        sizes = np.where(mask, 8 + lengths, 1)
-    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-
-
-def _list_starts(array: pa.Array) -> np.ndarray:
-    """The byte range of each list's items within the encoding of the items (n + 1 entries)."""
-    t, n = array.type, len(array)
-    if pt.is_fixed_size_list(t):
-        offsets = (array.offset + np.arange(n + 1)) * t.list_size
-    else:
-        offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if pt.is_large_list(t) else np.int32)[
-            array.offset:array.offset + n + 1].astype(np.int64)
-    low, high = int(offsets[0]), int(offsets[-1])
-    return _starts(array.values.slice(low, high - low))[offsets - low]
-
-
-def _frame(mask: np.ndarray, headers: np.ndarray | None, begin: np.ndarray, end: np.ndarray,
-           data: np.ndarray) -> np.ndarray:
-    """Per value: the null byte where `mask` is false; else the u64 header (when given) and data[begin:end]."""
-    lengths = np.where(mask, end - begin, 0).astype(np.int64)
-    head = 0 if headers is None else 8
-    sizes = np.where(mask, head + lengths, 1)
-    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-    out = np.zeros(int(starts[-1]), dtype=np.uint8)
-    at = starts[:-1][mask]
-    if headers is not None and at.size:
-        header_bytes = np.asarray(headers)[mask].astype(_U64).view(np.uint8).reshape(-1, 8)
-        out[at[:, None] + np.arange(8)] = header_bytes
-    valid_lengths = lengths[mask]
-    total = int(valid_lengths.sum())
-    if total:
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(valid_lengths) - valid_lengths,
-                                                              valid_lengths)
-        out[np.repeat(at + head, valid_lengths) + within] = data[np.repeat(begin[mask], valid_lengths) + within]
-    return out
+        raise ValueError(f"arrow-digest does not hash type {t}")
+    if valid is None:
+        return body
+    return pc.if_else(pa.array(valid), body, _NULL)

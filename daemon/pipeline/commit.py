@@ -33,6 +33,9 @@ from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
+# A batch's changelog rows in one file: that file is the batch's ODF data slice as it is (docs/odf.md); delta-rs
+# writes a batch's record batches in parallel, so the files of a split append would interleave their offsets.
+CHANGELOG_FILE_BYTES = 1 << 30
 
 SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is (of each scope)
 
@@ -48,7 +51,7 @@ class Sinks:
     @classmethod
     def delta_rs(cls, cfg: EntityConfig) -> Sinks:
         return cls(delta_sink(cfg, cfg.table, partition_by=cfg.partition_by),
-                   delta_sink(cfg, cfg.changelog, unique_columns=("offset",)),
+                   delta_sink(cfg, cfg.changelog, unique_columns=("offset",), file_bytes=CHANGELOG_FILE_BYTES),
                    delta_sink(cfg, cfg.quarantine), delta_sink(cfg, cfg.history) if cfg.cdc.history else None,
                    delta_sink(cfg, cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
 
