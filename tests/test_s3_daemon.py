@@ -152,6 +152,16 @@ def test_sqs_notifications_land_each_object_once_and_the_bucket_manifest_follows
     assert daemon.events("file.enqueued") == 4  # the duplicate multipart event was recognised
     log = daemon.log.read_text()
     assert SECRET not in log and '"access_key_id": "AKID\\u2026"' in log  # masked, and the key id shortened
+    # The ODF dataset lives in the bucket beside the tables: slices copied server-side, and it verifies.
+    from lakefeed.config import model as config_module
+    from lakefeed.inbox.storage import Storage
+    from lakefeed.odf.chain import OdfChain
+
+    cfg = config_module.load(tmp_path / "lakefeed.yaml").entities[0]
+    keys = [o["Key"] for o in bucket.client("s3").list_objects_v2(Bucket="lake", Prefix="tables/sales/odf/")
+            .get("Contents", [])]
+    assert "tables/sales/odf/refs/head" in keys and any("/odf/data/f1620" in k for k in keys)
+    assert OdfChain(cfg, Storage(cfg.storage)).check() == []
 
 
 def _metric(url: str, name: str) -> float:
