@@ -125,3 +125,53 @@ def test_timestamps_keep_their_day_of_year_and_time_of_day():
         decoded = decode(B.encode(B.MetadataBlock(when, None, 0, B.AddData(new_watermark=when - timedelta(1)))))
         assert decoded.system_time == when and decoded.event.new_watermark == when - timedelta(1)
 
+
+
+# lakefeed's own events, in one chain (previous block, sequence 0, 1, 2, …, system time T): the hashes kamu's own
+# code confirmed at kamu-cli f95532386 (its FlatbuffersMetadataBlockDeserializer read each block and its serializer
+# wrote the same bytes back; docs/odf.md, "Interop with kamu").
+_SCHEMA = pa.schema([
+    pa.field("offset", pa.int64()), ("op", pa.int8()), ("system_time", pa.timestamp("us", "UTC")),
+    ("event_time", pa.timestamp("us", "UTC")), ("id", pa.int64()), ("name", pa.string()), ("big", pa.large_string()),
+    ("amount", pa.float64()), ("price", pa.decimal128(12, 3)), ("day", pa.date32()), ("flag", pa.bool_()),
+    ("tags", pa.list_(pa.string())), ("blob", pa.binary()), ("fixed", pa.binary(4)), ("t", pa.time64("us")),
+    ("local", pa.timestamp("ms")), ("point", pa.struct([("x", pa.float32()), ("y", pa.int16())])),
+    pa.field("key", pa.string(), nullable=False)])
+LAKEFEED_EVENTS = [
+    ("seed", B.Seed(M.dataset_id(bytes(range(32))))),
+    ("polling_csv", B.SetPollingSource("file:///var/lake/landing/**", B.ReadStep("Csv", (
+        ("separator", ";"), ("encoding", "utf-8"), ("quote", '"'), ("header", True), ("null_value", ""))),
+        B.MergeStrategy("Snapshot", ("id",)))),
+    ("polling_parquet", B.SetPollingSource("s3://bucket/prefix/**", B.ReadStep("Parquet"), B.MergeStrategy("Append"))),
+    ("push_ndjson_upsert", B.AddPushSource("orders", B.ReadStep("NdJson"), B.MergeStrategy("UpsertStream",
+                                                                                           ("id", "region")))),
+    ("push_json_ledger", B.AddPushSource("events", B.ReadStep("Json"), B.MergeStrategy("Ledger", ("id",)))),
+    ("push_changelog", B.AddPushSource("cdc", B.ReadStep("NdJson"), B.MergeStrategy("ChangelogStream", ("id",)))),
+    ("schema", B.SetDataSchema(data_schema(_SCHEMA))),
+    ("vocab", B.SetVocab(offset_column="off", event_time_column="at")),
+    ("add_data_full", B.AddData(prev_checkpoint=h(b"c0"), prev_offset=9,
+                                new_data=B.DataSlice(h(b"l"), h(b"p"), 10, 99, 1234),
+                                new_checkpoint=B.Checkpoint(h(b"c1"), 77), new_watermark=T,
+                                new_source_state=B.SourceState("files", "lakefeed/inbox-offset", "42"))),
+    ("add_data_first", B.AddData(new_data=B.DataSlice(h(b"l"), h(b"p"), 0, 0, 1))),
+]
+KAMU_CONFIRMED = {
+    "seed": "f1620d653624d314f14ad42646ac45e01c7641de1ba6d96df3b8d67859d73b49009a9",
+    "polling_csv": "f1620bc2d809931d6a9bea3012c54c83859dd737b5a1f5ac087697b70ef902f7bd299",
+    "polling_parquet": "f16206127f69b9739c12863e34a09e0033c3b7f4f6dafbccc909bd9cbef4e391ffd8d",
+    "push_ndjson_upsert": "f16206ba7e6d45a38774b134a1cc3006a9c460041d88a0f985a0d756b1b5c85ba2355",
+    "push_json_ledger": "f16208cd49ed90dee6ffd2c326d5046cc5b1227365a9dd2d11737a25f9a6a722bebbf",
+    "push_changelog": "f1620b5015adadcd75ab56c6de70d552313e015a12a42a2f4f6119a3039003872a3d4",
+    "schema": "f162042bae32573e540d23d9d76b05d6330b26c74ba20ac4c46b291b7d49ea47aba4e",
+    "vocab": "f16200e53b4034bad846941c270d2c8d5179587b10bec5d429c7e561bfcf672941cdc",
+    "add_data_full": "f1620382661f6bbfdfa3ff4e140f44fe97ef1161f9b32d79f4e578c935ed731155301",
+    "add_data_first": "f1620350463e0b95864d8aa7feabe236dd5ad1fb4b6b357a72d5b1e25d57f2d028d9d",
+}
+
+
+def test_lakefeeds_events_hash_as_kamus_code_confirmed():
+    prev, got = None, {}
+    for seq, (name, event) in enumerate(LAKEFEED_EVENTS):
+        prev = B.block_hash(B.encode(B.MetadataBlock(T, prev, seq, event)))
+        got[name] = M.to_text(prev)
+    assert got == KAMU_CONFIRMED
