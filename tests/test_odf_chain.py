@@ -232,3 +232,20 @@ def test_a_commit_the_writer_split_into_files_is_a_slice_per_file_and_a_shuffled
     last = [b.event for _, b in _chain(cfg) if b.event_kind == "AddData"][-1]
     assert (last.new_data.start, last.new_data.end) == (7, 10)
     assert chain.check() == []
+
+
+def test_an_unreadable_chain_stops_only_the_chain_and_verify_names_the_block(setup):
+    cfg, pipeline, inbox = setup
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    store = DatasetStore(str(cfg.odf), pipeline.storage)
+    schema_block = [h for h, b in _chain(cfg) if b.event_kind == "SetDataSchema"][0]
+    path = cfg.odf / "blocks" / multiformats.to_text(schema_block)
+    path.write_bytes(b"garbage")
+    (cfg.state / "odf-head.json").unlink()  # so the next start walks the chain and meets the garbage
+    head = store.head()
+    fresh = _pipeline(cfg)
+    result = fresh.process(_batch(inbox, land(cfg.source.path / "sales/b.csv", "id\n2\n")), 1)
+    assert result.rows == 1 and rows(cfg.changelog).num_rows == 2  # ingestion went on
+    assert store.head() == head  # the chain was left as it is
+    problems = verify(cfg)
+    assert any(multiformats.to_text(schema_block) in p for p in problems), problems

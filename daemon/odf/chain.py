@@ -106,9 +106,24 @@ class OdfChain:
         self._state: ChainState | None = None
         self._sources_checked = False
         self._stuck: int | None = None  # a changelog version the chain could not take (logged once)
+        self._broken = False  # the chain on storage could not be read: left alone until a restart
 
     def refresh(self) -> int:
-        """Append what the changelog committed since the last refresh; the number of blocks appended."""
+        """Append what the changelog committed since the last refresh; the number of blocks appended. A chain
+        that cannot be read (a block altered or gone) is left as it is, logged once: ingestion goes on, and
+        `lakefeed verify` says which block breaks it."""
+        if self._broken:
+            return 0
+        try:
+            return self._refresh()
+        except (ValueError, FileNotFoundError) as exc:
+            self._broken = True
+            _log.error("odf.chain_unreadable", entity=self.cfg.name, error=str(exc), odf=self.store.location,
+                       hint="run lakefeed verify; the chain is not extended until it is repaired and the daemon "
+                            "restarted (removing the odf folder and state/<entity>/odf-head.json rebuilds it)")
+            return 0
+
+    def _refresh(self) -> int:
         started = time.perf_counter()
         with _locks[self.store.location]:
             state = self._state or self._load()
