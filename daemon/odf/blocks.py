@@ -8,7 +8,8 @@ odf-metadata-block, version 3) and the manifest's bytes are what is hashed (SHA3
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Union
 
@@ -139,7 +140,7 @@ class MetadataBlock:
     system_time: datetime
     prev_block_hash: bytes | None
     sequence_number: int
-    event: Event = field(compare=True)
+    event: Event
 
 
 def encode(block: MetadataBlock) -> bytes:
@@ -278,8 +279,7 @@ def _field(b: flatbuffers.Builder, f: DataField) -> int:
 
 
 def _extra(b: flatbuffers.Builder, entries: dict[str, Any]) -> int:
-    import json
-
+    """ExtraAttributes: the entries as compact JSON with sorted keys, as serde_json writes kamu's map."""
     text = b.CreateString(json.dumps(entries, separators=(",", ":"), sort_keys=True))
     return _table(b, 1, [(0, "off", text)])
 
