@@ -288,7 +288,7 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
         cdc=CdcConfig(strategy="upsert_and_delete", primary_key=("id",), sequence_by=("seq",),
                       delete_column="IsDelete"),
         table=Path(spec["table"]), changelog=root / "changelog", quarantine=root / "quarantine",
-        history=root / "history", tombstones=root / "tombstones",
+        history=root / "history", tombstones=root / "tombstones", odf=root / "odf",
         checkpoint=root / "checkpoint", state=root / "state")
     # The batch as EntityPipeline hands it to the committer: per file the rows with their location
     # and kind, tagged with the file's inbox offset, concatenated.
