@@ -249,3 +249,20 @@ def test_an_unreadable_chain_stops_only_the_chain_and_verify_names_the_block(set
     assert store.head() == head  # the chain was left as it is
     problems = verify(cfg)
     assert any(multiformats.to_text(schema_block) in p for p in problems), problems
+
+
+def test_commits_whose_log_was_cleaned_up_are_chained_from_the_tables_files(setup):
+    from deltalake import DeltaTable
+
+    cfg, pipeline, inbox = setup
+    for n in range(3):
+        pipeline.process(_batch(inbox, land(cfg.source.path / f"sales/{n}.csv", f"id\n{n}\n")), n)
+    DeltaTable(str(cfg.changelog)).create_checkpoint()
+    for log_file in sorted((cfg.changelog / "_delta_log").glob("*.json"))[:-1]:
+        log_file.unlink()  # as log retention does, once a checkpoint holds the state
+    shutil.rmtree(cfg.odf)
+    (cfg.state / "odf-head.json").unlink()
+    OdfChain(cfg, pipeline.storage).refresh()
+    slices = [b.event.new_data for _, b in _chain(cfg) if b.event_kind == "AddData"]
+    assert [(s.start, s.end) for s in slices] == [(0, 0), (1, 1), (2, 2)]
+    assert OdfChain(cfg, pipeline.storage).check() == []
