@@ -116,7 +116,7 @@ class OdfChain:
             return 0
         try:
             return self._refresh()
-        except (ValueError, FileNotFoundError) as exc:
+        except (ValueError, FileNotFoundError) as exc:  # a block, or a changelog file it needs, unreadable
             self._broken = True
             _log.error("odf.chain_unreadable", entity=self.cfg.name, error=str(exc), odf=self.store.location,
                        hint="run lakefeed verify; the chain is not extended until it is repaired and the daemon "
@@ -186,8 +186,10 @@ class OdfChain:
         if commit.last < expected:
             return True  # in the chain already (a replay, or a rewrite of old files)
         if commit.first != expected:
-            _log.error("odf.offset_gap", entity=self.cfg.name, version=commit.version, first=commit.first,
-                       expected=expected, hint="the changelog's offsets are not contiguous: run lakefeed verify")
+            if self._stuck != commit.version:
+                _log.error("odf.offset_gap", entity=self.cfg.name, version=commit.version, first=commit.first,
+                           expected=expected, hint="the changelog's offsets are not contiguous: run lakefeed verify")
+            self._stuck = commit.version
             return False
         table, data, source = self._slice_of(commit)
         physical_of = _HASHER.submit(multiformats.sha3, data)  # beside the logical hash: SHA3 frees the GIL
