@@ -60,7 +60,7 @@ CONFIG = """\
 lake_dir: lake
 state_dir: state
 log_level: INFO
-spark: {{master: "local[2]", trigger_interval_s: {trigger}}}
+spark: {{master: "{master}", trigger_interval_s: {trigger}}}
 entities:
   - name: {entity}
     source: {{type: local_dir, path: landing, reconcile_interval_s: 60, max_files_per_trigger: {max_files}}}
@@ -166,9 +166,8 @@ def watch_table(table_uri: Path, proc: subprocess.Popen, log_path: Path, expecte
                     continue
                 batch = json.loads(c[METADATA_KEY])
                 files = [p["location"].rsplit("/", 1)[-1] for p in batch["partitions"]]
-                metrics = c.get("operationMetrics") or {}
                 commits.append({"version": c["version"], "timestamp_ms": c["timestamp"], "files": files,
-                                "rows": metrics.get("num_added_rows"),
+                                "rows": added_rows(table_uri, c["version"]),
                                 "batch_id": c.get("lakefeed.batch_id")})
                 found.update(files)
             seen_version = table.version()
@@ -185,6 +184,14 @@ def watch_table(table_uri: Path, proc: subprocess.Popen, log_path: Path, expecte
             say(f"  {len(found)}/{len(expected)} files visible, table version {seen_version}")
             last_report = time.monotonic()
         time.sleep(0.05)
+
+
+def added_rows(table_uri: Path, version: int) -> int:
+    """The rows a commit added, from its add actions' statistics."""
+    log = (table_uri / "_delta_log" / f"{version:020d}.json").read_text(encoding="utf-8")
+    actions = [json.loads(line) for line in log.splitlines() if line.strip()]
+    adds = [a["add"] for a in actions if "add" in a]
+    return sum(json.loads(a.get("stats") or "{}").get("numRecords", 0) for a in adds)
 
 
 def table_rows(uri: Path) -> int:
@@ -243,7 +250,8 @@ def batch_breakdown(log_path: Path) -> list[dict]:
 
 def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, deadline: Deadline) -> dict:
     cfg = work / "lakefeed.yaml"
-    cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger))
+    cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
+                                 master=getattr(args, "master", "local[2]")))
     (work / "landing").mkdir(exist_ok=True)
     log_path = work / "daemon.log"
     say(f"starting lakefeed ({cfg}), log {log_path}")

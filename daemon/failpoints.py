@@ -3,11 +3,13 @@ the first time it reaches that point in a batch with data. Unset (always, in pro
 check is one dictionary lookup.
 
 `LAKEFEED_FAILPOINT=hang:<name>` makes the batch hang there instead (a stuck query, for the
-watchdog tests).
+watchdog tests). `LAKEFEED_FAILPOINT=executor:<name>` in a Spark task SIGKILLs the executor the task runs in
+(its JVM), once: the first task to get there creates the file `LAKEFEED_FAILPOINT_ONCE` names, later ones go on.
 
 Points: `batch.discovered` (files matched and read, nothing committed), `commit.quarantine`,
 `commit.table` (state committed, changelog not), `commit.changelog` (both committed, manifest
-not written), `manifest.written`, `odf.block_written` (a slice's block written, `refs/head` not moved).
+not written), `manifest.written`, `odf.block_written` (a slice's block written, `refs/head` not moved); in tasks
+(daemon/pipeline/tasks.py): `task.written` (a write task's files written, not yet returned).
 """
 
 from __future__ import annotations
@@ -24,3 +26,25 @@ def reached(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if _ARMED == f"hang:{name}":
         threading.Event().wait()
+    if _ARMED == f"executor:{name}" and _first(name):
+        os.kill(_executor(), signal.SIGKILL)
+
+
+def _first(name: str) -> bool:
+    try:
+        os.close(os.open(os.environ["LAKEFEED_FAILPOINT_ONCE"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _executor() -> int:
+    """The Spark executor's JVM this process descends from (a task's Python worker, under pyspark.daemon)."""
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError(f"failpoint executor:{_ARMED}: not in a Spark executor")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 
@@ -35,6 +36,12 @@ def configure(level: str = "INFO", json: bool | None = None) -> None:
         logger_factory=lambda *_: structlog.WriteLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def configure_once() -> None:
+    """In a process lakefeed did not start (a Spark task's Python worker): JSON lines on stderr, as the daemon's."""
+    if not structlog.is_configured():
+        configure(os.environ.get("LAKEFEED_LOG_LEVEL", "INFO"), json=True)
 
 
 # Credentials as they can appear in a library's log line: an HTTP parser quoting the header it failed on

@@ -87,6 +87,14 @@ def check_ingest_files(r: dict[str, Any]) -> None:
     assert sum(c["rows"] for c in r["lakefeed_commits"]) == r["rows"] == r["files"] * r["rows_per_file"]
 
 
+def check_scale_out(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "speed_up", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s", "two_executors.rows_per_s",
+             "two_executors.cpu_s.executor_python", "two_executors.tasks_cpu_us_per_row")
+    for run in (r["one_executor"], r["two_executors"]):
+        assert run["rows"] == r["rows"] and run["batches"] >= 1
+
+
 def check_kafka_ingest(r: dict[str, Any]) -> None:
     completed(r)
     positive(r, "ratio_vs_raw", "ratio_vs_raw_json", "steady_ratio_vs_raw", "cpu_ratio_raw_over_lakefeed",
@@ -188,6 +196,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "read_engines": check_read_engines,
     "s3_listing": check_s3_listing,
     "s3_notify": check_s3_notify,
+    "scale_out": check_scale_out,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -97,31 +98,39 @@ def test_replayed_batch_changes_nothing(setup):
 def test_crash_after_changelog_commit_is_completed_on_replay(setup, monkeypatch):
     cfg, pipeline, inbox = setup
     records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
-    original = pipeline.sinks.table.append
+    original = pipeline.sinks.table.commit_files
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed between changelog and table commit")
 
-    monkeypatch.setattr(pipeline.sinks.table, "append", crash)
+    monkeypatch.setattr(pipeline.sinks.table, "commit_files", crash)
     with pytest.raises(RuntimeError):
         pipeline.process(records, 0)
-    monkeypatch.setattr(pipeline.sinks.table, "append", original)
+    monkeypatch.setattr(pipeline.sinks.table, "commit_files", original)
+    assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]
     fresh = _pipeline(cfg)
     fresh.process(records, 0)
     assert rows(cfg.table).num_rows == 2
     assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]  # not appended twice
+    assert _parquet_files(cfg.table) == len(DeltaTable(str(cfg.table)).file_uris())  # the first try's file removed
 
 
-def test_crash_after_table_commit_is_completed_on_replay(setup, monkeypatch):
+def _parquet_files(table: Path) -> int:
+    return sum(1 for _ in table.rglob("*.parquet"))
+
+
+def test_crash_before_any_table_commit_is_completed_on_replay(setup, monkeypatch):
     cfg, pipeline, inbox = setup
     records = _batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n2\n"))
-    monkeypatch.setattr(pipeline.sinks.changelog, "append", lambda *a: (_ for _ in ()).throw(RuntimeError("kill")))
-    with pytest.raises(RuntimeError):
+    monkeypatch.setattr(pipeline.sinks.changelog, "commit_files",
+                        lambda *a: (_ for _ in ()).throw(OSError("kill")))  # a store fault: not parked
+    with pytest.raises(OSError):
         pipeline.process(records, 0)
-    assert rows(cfg.table).num_rows == 2
+    assert _parquet_files(cfg.changelog) == 1 and _parquet_files(cfg.table) == 1  # written, not committed
     fresh = _pipeline(cfg)
     assert not fresh.process(records, 0).skipped
     assert rows(cfg.table).num_rows == 2  # not appended twice
+    assert _parquet_files(cfg.table) == 1 and _parquet_files(cfg.changelog) == 1  # the first try's files removed
     assert rows(cfg.changelog)["offset"].to_pylist() == [0, 1]
     assert fresh.process(records, 0).skipped
 

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakefeed.batch.cdc import MergePlan
+from lakefeed.connectors.sinks.data_files import DataFile
 
 
 class TableSink(ABC):
@@ -22,6 +23,16 @@ class TableSink(ABC):
     @abstractmethod
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         """Append `data` (possibly empty) in one commit recording (app_id, version) and `metadata`."""
+
+    @abstractmethod
+    def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
+                     metadata: dict[str, str]) -> None:
+        """Commit data files written by tasks (connectors/sinks/data_files.py) in one commit recording
+        (app_id, version) and `metadata`; the table is made, or gains the columns of `schema` it lacks, first."""
+
+    @abstractmethod
+    def paths(self) -> set[str]:
+        """The relative paths (URI-encoded, as in the log) of the files the table holds."""
 
     @abstractmethod
     def schema(self) -> pa.Schema | None:

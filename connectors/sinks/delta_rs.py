@@ -20,11 +20,15 @@ from deltalake import (
     WriterProperties,
     write_deltalake,
 )
+from deltalake import Field as DeltaField
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from lakefeed.batch.cdc import KIND, MergePlan
 from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.connectors.sinks.data_files import DataFile
 
 _CDF = "delta.enableChangeDataFeed"
 TableOrBatch = TypeVar("TableOrBatch", pa.Table, pa.RecordBatch)
@@ -86,6 +90,30 @@ class DeltaRsSink(TableSink):
                 custom_metadata=metadata, app_transactions=[Transaction(app_id, version)]
             ),
         )
+
+    def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
+                     metadata: dict[str, str]) -> None:
+        actions = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
+        properties = CommitProperties(custom_metadata=metadata, app_transactions=[Transaction(app_id, version)])
+        table = self._load()
+        if table is None:
+            create_table_with_add_actions(self.uri, DeltaSchema.from_arrow(delta_compatible(schema)), actions,
+                                          mode="append", partition_by=self._partition_by,
+                                          storage_options=self._options, commit_properties=properties)
+            return
+        current = pa.schema(table.schema().to_arrow())
+        new = [f for f in delta_compatible(schema) if f.name not in current.names]
+        if new:  # a commit of its own, before the files': a replay finds the columns there and goes on
+            table.alter.add_columns([DeltaField.from_arrow(f) for f in new])
+            current = pa.schema([*current, *new])
+        table.create_write_transaction(actions, "append", current, partition_by=self._partition_by,
+                                       commit_properties=properties)
+
+    def paths(self) -> set[str]:
+        table = self._load()
+        if table is None:
+            return set()
+        return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
     def record(self, data: pa.Table, metadata: dict[str, str]) -> None:
         """A commit that belongs to no batch (e.g. an operator moving the watermark)."""

@@ -84,7 +84,11 @@ def advance(watermark: datetime | None, data: pa.Table | None, spec: EventTimeCo
     """Max event time seen minus the allowed lateness; never moves back."""
     if data is None or data.num_rows == 0:
         return watermark
-    latest = pc.max(data.column(EVENT_TIME)).as_py()
+    return advance_to(watermark, pc.max(data.column(EVENT_TIME)).as_py(), spec)
+
+
+def advance_to(watermark: datetime | None, latest: datetime | None, spec: EventTimeConfig) -> datetime | None:
+    """The watermark once rows up to event time `latest` (None: no rows with one) were seen."""
     if latest is None:
         return watermark
     candidate = latest - timedelta(seconds=spec.allowed_lateness_s)

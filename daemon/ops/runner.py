@@ -38,6 +38,7 @@ from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
+from lakefeed.ops.spark import SparkSpread
 from lakefeed.pipeline.commit import BatchResult, Sinks
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import store_fault
@@ -84,6 +85,7 @@ class EntityRunner:
         self._spark = session
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
         self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        self.pipeline.spread = SparkSpread(session)
         self.pipeline.halted = lambda: time.monotonic() >= self._halting.get(FILES, math.inf)
         if intake is not None:
             self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)

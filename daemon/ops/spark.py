@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -17,6 +21,9 @@ from lakefeed.connectors.sources.kafka_source import KafkaDataSource
 from lakefeed.connectors.streams.inbox_stream import InboxDataSource
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
+
+Job = TypeVar("Job")
+Out = TypeVar("Out")
 
 # Loopback only and no UI by default: a daemon should not open ports nobody asked for.
 # -Xss16m: without it query.stop() intermittently dies with a StackOverflowError.
@@ -80,3 +87,40 @@ def java_options(cfg: SparkConfig) -> str:
 def warm_up(spark: SparkSession) -> None:
     """Start the Python workers and the JVM's code paths now, not in the first file's batch."""
     spark.range(1).mapInArrow(lambda batches: batches, "id long").collect()
+
+
+class SparkSpread:
+    """A batch's tasks as a Spark job (one task per job item): on the executors of whatever `spark.master` is.
+    A task's own exception comes back as the exception it is (so the commit protocol can tell a store fault
+    from a data fault); a task whose process dies is retried by Spark."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._context = spark.sparkContext
+
+    @property
+    def width(self) -> int:
+        return max(1, self._context.defaultParallelism)
+
+    def map(self, work: Callable[[Job], Out], jobs: list[Job], description: str) -> list[Out]:
+        if not jobs:
+            return []
+        self._context.setJobDescription(description)
+        try:
+            outcomes = self._context.parallelize(jobs, len(jobs)).map(partial(_captured, work)).collect()
+        finally:
+            self._context.setJobDescription(None)  # type: ignore[arg-type]
+        for failed, value in outcomes:
+            if failed:
+                raise value
+        return [value for _, value in outcomes]
+
+
+def _captured(work: Callable[[Job], Out], job: Job) -> tuple[bool, Any]:
+    try:
+        return False, work(job)
+    except Exception as exc:
+        try:
+            pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an exception that cannot travel goes as its text
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        return True, exc

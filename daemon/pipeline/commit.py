@@ -9,12 +9,16 @@ commit changed (its change data feed), so a replay finds the same changes again.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import posixpath
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -27,10 +31,13 @@ from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.batch.read import BadRow
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
+from lakefeed.pipeline import tasks
+from lakefeed.pipeline.tasks import Spread, Staged
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
 # A batch's changelog rows in one file: that file is the batch's ODF data slice as it is (docs/odf.md); delta-rs
@@ -99,6 +106,8 @@ class Committer:
         self.app_id = app_id
         self._offsets = offsets
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
+        self._token = hashlib.sha256(app_id.encode()).hexdigest()[:10]  # in the names of the files its tasks write
+        self._swept = False
 
     def done(self, sink: TableSink, batch_id: int) -> bool:
         version = sink.committed_version(self.app_id)
@@ -118,7 +127,7 @@ class Committer:
                checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None = None) -> None:
         """Commit a batch; `snapshot`: the state its files make, for snapshot entities."""
         batch_id = result.batch_id
-        meta = {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
+        meta = self._meta(batch_id)
         if snapshot is not None:
             meta[SNAPSHOT_KEY] = snapshot.current
         if self.cfg.cdc.keyed and data is not None:
@@ -146,26 +155,13 @@ class Committer:
             if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
                 reduced, absent = self._absent_updates(reduced)
                 bad = [*bad, *absent]
-        if bad and not self.done(self.sinks.quarantine, batch_id):
-            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
-                                         self.app_id, batch_id, meta)
-            for path, row in bad:
-                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
-            failpoints.reached("commit.quarantine")
+        self._quarantine(bad, batch_id, meta, checked_at, log_)
         result.quarantined = len(bad)
         result.rows = data.num_rows if data is not None else 0
         if data is None and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)
             return
-        table_meta = {**meta, METADATA_KEY: json.dumps({"checked": clock.to_cdm(checked_at),
-                                                        "partitions": result.partitions})}
-        if new_watermark is not None:
-            table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(new_watermark)
-        changelog_meta = {**meta, **({event_time.WATERMARK_KEY: clock.to_cdm(new_watermark)} if new_watermark else {}),
-                          **({SOURCE_STATE_KEY: json.dumps(result.source_state)} if result.source_state else {})}
-        if isinstance(self.cfg.format, TextFileFormat):  # what the data manifest says of the data, every commit
-            table_meta[DATA_MANIFEST_KEY] = json.dumps({"metadata": self.cfg.format.metadata,
-                                                        "ids": list(self.cfg.format.ids)})
+        table_meta, changelog_meta = self._metas(meta, result, checked_at, new_watermark)
         try:
             if self.cfg.cdc.keyed:
                 self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot)
@@ -178,6 +174,131 @@ class Committer:
                   quarantined=len(bad), unmatched=result.unmatched, late=result.late,
                   deletes_of_absent=result.deletes_of_absent, stale=result.stale,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
+
+    def _meta(self, batch_id: int) -> dict[str, str]:
+        return {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
+
+    def _quarantine(self, bad: list[tuple[str, BadRow]], batch_id: int, meta: dict[str, str], checked_at: datetime,
+                    log_: Any) -> None:
+        if bad and not self.done(self.sinks.quarantine, batch_id):
+            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
+                                         self.app_id, batch_id, meta)
+            for path, row in bad:
+                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+            failpoints.reached("commit.quarantine")
+
+    def _metas(self, meta: dict[str, str], result: BatchResult, checked_at: datetime,
+               watermark: datetime | None) -> tuple[dict[str, str], dict[str, str]]:
+        """The commit metadata of the table (partitions, watermark, data manifest) and of the changelog
+        (watermark, source position)."""
+        table_meta = {**meta, METADATA_KEY: json.dumps({"checked": clock.to_cdm(checked_at),
+                                                        "partitions": result.partitions})}
+        if watermark is not None:
+            table_meta[event_time.WATERMARK_KEY] = clock.to_cdm(watermark)
+        changelog_meta = {**meta, **({event_time.WATERMARK_KEY: clock.to_cdm(watermark)} if watermark else {}),
+                          **({SOURCE_STATE_KEY: json.dumps(result.source_state)} if result.source_state else {})}
+        if isinstance(self.cfg.format, TextFileFormat):  # what the data manifest says of the data, every commit
+            table_meta[DATA_MANIFEST_KEY] = json.dumps({"metadata": self.cfg.format.metadata,
+                                                        "ids": list(self.cfg.format.ids)})
+        return table_meta, changelog_meta
+
+    def commit_staged(self, spread: Spread, staged: list[Staged], result: BatchResult, checked_at: datetime,
+                      log_: Any) -> None:
+        """Commit an append batch whose files tasks read and staged (daemon/pipeline/tasks.py): tasks write the
+        changelog's and the table's files, this process commits them, each table once."""
+        batch_id = result.batch_id
+        meta = self._meta(batch_id)
+        bad = [b for s in staged for b in s.bad]
+        watermark = self.watermark_before(batch_id)
+        latest = max((s.latest for s in staged if s.latest is not None), default=None)
+        new_watermark = event_time.advance_to(watermark, latest, self.cfg.event_time)
+        result.watermark = new_watermark
+        result.late = sum(s.late for s in staged)
+        self._quarantine(bad, batch_id, meta, checked_at, log_)
+        result.quarantined = len(bad)
+        result.rows = sum(s.rows for s in staged)
+        if not result.rows and not result.partitions:
+            log_.info("batch.empty", unmatched=result.unmatched)
+            return
+        table_meta, changelog_meta = self._metas(meta, result, checked_at, new_watermark)
+        try:
+            workers = self._write_staged(spread, [s for s in staged if s.rows], batch_id, table_meta, changelog_meta,
+                                         checked_at, log_)
+        except BaseException:
+            self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
+            raise
+        log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
+                  quarantined=len(bad), unmatched=result.unmatched, late=result.late, workers=workers,
+                  watermark=clock.to_cdm(new_watermark) if new_watermark else None)
+
+    def staging(self, batch_id: int) -> str:
+        """Where a batch's tasks stage the rows they read: beside the changelog (where every executor reaches)."""
+        parent = str(self.cfg.changelog).rstrip("/").rsplit("/", 1)[0]
+        return f"{parent}/_staging/{self._token}-b{batch_id}"
+
+    def _write_staged(self, spread: Spread, staged: list[Staged], batch_id: int, table_meta: dict[str, str],
+                      changelog_meta: dict[str, str], checked_at: datetime, log_: Any) -> list[str]:
+        changelog_due = bool(staged) and not self.done(self.sinks.changelog, batch_id)
+        table_due = not self.done(self.sinks.table, batch_id)
+        workers = sorted({s.worker for s in staged})
+        if not staged:  # files without rows: the table still records their partitions
+            schema = self.sinks.table.schema()
+            if table_due and schema is not None:
+                self.sinks.table.append(schema.empty_table(), self.app_id, batch_id, table_meta)
+            elif table_due:
+                log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
+            return workers
+        schema = pa.unify_schemas([s.schema for s in staged if s.schema is not None], promote_options="permissive")
+        first = self._offsets.start() if changelog_due else None
+        jobs, offset = [], first
+        for n, run in enumerate(_runs(staged, spread.width)):
+            name = f"{data_files.prefix(self._token, batch_id)}r{n}"
+            jobs.append(tasks.WriteJob(self.cfg, tuple(s.path for s in run if s.path), schema, offset,
+                                       table_due, batch_id, checked_at, name))
+            if offset is not None:
+                offset += sum(s.rows for s in run)
+        written = spread.map(tasks.write, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: write")
+        workers = sorted({*workers, *(w.worker for w in written)})
+        placed = {"lakefeed.workers": json.dumps(workers)}
+        empty = schema.empty_table()
+        if first is not None:
+            files = [f for w in written for f in w.changelog]
+            shape = build_changelog(empty, first, batch_id, checked_at).schema
+            self.sinks.changelog.commit_files(files, shape, self.app_id, batch_id, {**changelog_meta, **placed})
+            self._offsets.next = first + sum(s.rows for s in staged)
+            failpoints.reached("commit.changelog")
+        if table_due:
+            files = [f for w in written for f in w.table]
+            self.sinks.table.commit_files(files, data_columns(empty).schema, self.app_id, batch_id,
+                                          {**table_meta, **placed})
+        self._tidy(batch_id, written, log_)
+        return workers
+
+    def unstage(self, batch_id: int) -> None:
+        """The batch's staged rows are no longer needed."""
+        fs, folder = Storage(self.cfg.storage).fs_of(self.staging(batch_id))
+        fs.delete_dir_contents(folder, missing_dir_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(folder)
+
+    def _tidy(self, batch_id: int, written: list[tasks.Written], log_: Any) -> None:
+        """The batch's staging folder goes; so do files an earlier attempt of it wrote that no table holds (a task
+        retried, a crash before the commit): looked for once per start, and after a batch with a retried task."""
+        self.unstage(batch_id)
+        if self._swept and not any(w.retried for w in written):
+            return
+        self._swept = True
+        store = Storage(self.cfg.storage)
+        start = data_files.prefix(self._token, batch_id)
+        changelog, table = [f for w in written for f in w.changelog], [f for w in written for f in w.table]
+        for sink, location, files in ((self.sinks.changelog, self.cfg.changelog, changelog),
+                                      (self.sinks.table, self.cfg.table, table)):
+            out, root = store.fs_of(location)
+            folders = {posixpath.dirname(unquote(f.path)) for f in files} or {""}
+            removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))
+            if removed:
+                log_.info("files.orphans_removed", table=str(location), files=removed,
+                          reason="written by an attempt of this batch that was not committed")
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
                 checked_at: datetime, log_: Any) -> None:
@@ -296,6 +417,20 @@ class Committer:
             failpoints.reached("commit.changelog")
         if history is not None and history_due:
             history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
+
+
+def _runs(staged: list[tasks.Staged], width: int) -> list[list[tasks.Staged]]:
+    """Staged files in at most `width` runs of about equal rows, in order: each run is one task's changelog file,
+    one ODF slice."""
+    total = sum(s.rows for s in staged)
+    runs: list[list[tasks.Staged]] = [[]]
+    filled = 0
+    for s in staged:
+        if runs[-1] and filled >= total * len(runs) / width:
+            runs.append([])
+        runs[-1].append(s)
+        filled += s.rows
+    return runs
 
 
 def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:

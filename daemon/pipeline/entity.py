@@ -13,7 +13,6 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -22,25 +21,21 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages, positions
-from lakefeed.batch.derived import derives, read_derived
-from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings, argument_clash
-from lakefeed.batch.landed import Landed, Superseded, Unreadable, read_landed
-from lakefeed.batch.provenance import file_schema, with_arguments
-from lakefeed.batch.read import BadRow, FileRead, conform
+from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings
+from lakefeed.batch.provenance import file_schema
+from lakefeed.batch.read import conform
 from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
-from lakefeed.config.sources import LocalDirSource
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import Abandoned
-from lakefeed.inbox import storage
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
-from lakefeed.pipeline import snapshots
+from lakefeed.pipeline import snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
-from lakefeed.pipeline.faults import commit_or_park
+from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
 
 _log = log.get(__name__)
@@ -69,8 +64,8 @@ class EntityPipeline:
         self.backlog: Callable[[int], bool] = lambda end: False
         self.pace = ManifestPace()
         self._deferred = False  # a batch left the manifests for a later one
-        # pyarrow releases the GIL while parsing: files are read side by side.
-        self._reads = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix=f"read-{cfg.name}")
+        # Where the row work of append file batches runs: Spark's executors in the daemon (daemon/ops/runner.py).
+        self.spread: tasks.Spread = tasks.InProcess(cfg.name)
 
     def prepare(self) -> None:
         """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
@@ -230,47 +225,57 @@ class EntityPipeline:
                 matched.append((rec, partition))
                 if (other := discovery.also(self._relative(rec.path), partition)) is not None:
                     also[rec.offset] = other  # listed in both lists, as the CDM SDK would (ingested once)
-        if target is None and matched:
-            # The first file ever fixes the table's types; the others are read against them.
-            first = self._read(*matched[0], None, checked_at, log_)
-            target = first[1].schema if first is not None and first[1] is not None else None
-            reads = [first, *self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched[1:])]
-        else:
-            reads = list(self._reads.map(lambda m: self._read(*m, target, checked_at, log_), matched))
-        tables: list[pa.Table] = []
-        bad: list[tuple[str, BadRow]] = []
-        reads_of = {rec.offset: read for (rec, _), read in zip(matched, reads, strict=True)}
+        # Tasks read the files (daemon/pipeline/tasks.py); an append batch's late rows are set apart there.
+        watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
+        staged = self._stage(committer, matched, target, checked_at, watermark, batch_id)
+        staged_of = {s.offset: s for s in staged if s.found}
         partition_of = {rec.offset: partition for rec, partition in matched}
         for rec in records:  # in inbox order: a removal and a new version of one object stay in order
             if rec.offset in removed:
                 stamp = clock.to_cdm(clock.from_ns(rec.mtime_ns))
                 result.partitions.append(partition_record(removed[rec.offset], stamp, removed=True))
-                continue
-            read = reads_of.get(rec.offset)
-            if read is None:
-                continue
-            location, table, file_bad = read
-            bad.extend((location, b) for b in file_bad)
-            if table is not None:
-                tables.append(table)
-            result.files += 1
-            mtime = clock.to_cdm(clock.from_ns(rec.mtime_ns))
-            result.partitions.append(partition_record(partition_of[rec.offset], mtime))
-            if rec.offset in also:
-                result.partitions.append(partition_record(also[rec.offset], mtime, also=True))
-        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        snapshot = None
-        if self.cfg.cdc.strategy == "snapshot":
-            read = {offset: partition_of[offset] for offset, found in reads_of.items() if found is not None}
-            recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
-            snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
-            if retracted and data is not None:  # their rows, read before they went, are not the state either
-                gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
-                data = data.filter(pc.invert(gone))
+            elif rec.offset in staged_of:
+                result.files += 1
+                mtime = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+                result.partitions.append(partition_record(partition_of[rec.offset], mtime))
+                if rec.offset in also:
+                    result.partitions.append(partition_record(also[rec.offset], mtime, also=True))
+        found = [s for s in staged if s.found]
         failpoints.reached("batch.discovered")
-        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
+        self._go_on()
+        if not self.cfg.cdc.keyed:  # the tasks write the tables' files too; this process commits them
+            park_staged(committer, self.spread, found, result, checked_at, log_)
+        else:  # the keyed reduction and the MERGE (delta-rs) run here, on the staged rows
+            tables = [tasks.read_staged(self.cfg, s.path) for s in found if s.path]
+            data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+            bad = [b for s in found for b in s.bad]
+            snapshot = None
+            if self.cfg.cdc.strategy == "snapshot":
+                read = {s.offset: partition_of[s.offset] for s in found}
+                recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
+                snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
+                if retracted and data is not None:  # their rows, read before they went, are not the state either
+                    gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
+                    data = data.filter(pc.invert(gone))
+            commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
+            committer.unstage(batch_id)
         self._manifests(records[-1].offset + 1)
         return result
+
+    def _stage(self, committer: Committer, matched: list[tuple[InboxRecord, Partition]], target: pa.Schema | None,
+               checked_at: datetime, watermark: datetime | None, batch_id: int) -> list[tasks.Staged]:
+        staging = committer.staging(batch_id)
+
+        def stage(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.Staged]:
+            self._go_on()
+            jobs = [tasks.StageJob(self.cfg, rec, partition, schema, checked_at, watermark, staging)
+                    for rec, partition in items]
+            return self.spread.map(tasks.stage, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: read")
+
+        if target is None and matched:  # the first file ever fixes the table's types; the others are read so
+            staged = stage(matched[:1], None)
+            return staged + stage(matched[1:], staged[0].schema)
+        return stage(matched, target)
 
     def _relative(self, path: str) -> str:
         """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""
@@ -318,66 +323,6 @@ class EntityPipeline:
             log_.info("file.discovered", file=rec.path, location=partition.location,
                       arguments=partition.arguments, incremental=partition.incremental_type)
         return partition
-
-    def _read(self, rec: InboxRecord, partition: Partition, target: pa.Schema | None, checked_at: datetime,
-              log_) -> tuple[str, pa.Table | None, list[BadRow]] | None:
-        """(location, rows with partition columns, provenance, change kind and event time, bad rows),
-        or None when the file is not there to read (or has a newer version, with its own inbox record)."""
-        self._go_on()
-        if rec.problem:  # the source saw it cannot be taken (a link, a FIFO, a name that is not UTF-8…)
-            return partition.location, None, [BadRow(None, rec.problem, "")]
-        local = not storage.is_s3(rec.path)
-        if local:
-            path = Path(rec.path)
-        else:  # read from a local copy, made once
-            path = self.cfg.state / "staging" / f"{rec.offset}-{os.path.basename(rec.path)}"
-            found = self.storage.fetch(rec.path, path)
-            if found is None:
-                log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
-                return None
-            if (found.size, found.mtime_ns) != (rec.size, rec.mtime_ns):
-                log_.info("file.superseded", file=rec.path)
-                path.unlink(missing_ok=True)
-                return None
-        file_target = file_schema(target, partition.arguments)
-        source = self.cfg.source
-        follow = local and isinstance(source, LocalDirSource) and source.follow_symlinks
-        try:
-            with Landed(path, source.path if isinstance(source, LocalDirSource) else path.parent, follow) as landed:
-                if local and landed.identity() != (rec.size, rec.mtime_ns):
-                    raise Superseded("rewritten since it was enqueued")
-                fmt, wanted = self.cfg.format, None if self.cfg.cdc.debezium else file_target
-                read = read_derived(landed, fmt, wanted, self.cfg.limits) if derives(fmt) else \
-                    read_landed(landed, fmt, wanted, self.cfg.limits)
-        except FileNotFoundError:
-            log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
-            return None
-        except Superseded as exc:  # its new version has its own, later inbox record
-            log_.info("file.superseded", file=rec.path, reason=str(exc))
-            return None
-        except Unreadable as exc:
-            read = FileRead(None, [BadRow(None, str(exc), "")])
-        finally:
-            if not local:
-                path.unlink(missing_ok=True)
-        if self.cfg.cdc.debezium and read.table is not None:
-            unwrapped = conform(cdc.unwrap_debezium(read.table), file_target)
-            read = FileRead(unwrapped.table, [*read.bad, *unwrapped.bad])
-        location = partition.location
-        if read.table is None:
-            return location, None, read.bad
-        clash = argument_clash(partition, read.table.column_names)
-        if clash is not None:
-            return location, None, [*read.bad, BadRow(None, clash, f"{read.table.num_rows} rows not applied")]
-        table = with_arguments(read.table, partition, location)
-        if self.cfg.cdc.keyed:
-            table = cdc.tag(table, cdc.file_kind(self.cfg.cdc, partition.incremental_type), rec.offset)
-        elif partition.incremental_type not in (None, "Insert"):
-            reason = (f"a {partition.incremental_type} partition needs a keyed entity: set cdc.strategy and "
-                      "cdc.primary_key to apply it")
-            return location, None, [*read.bad, BadRow(None, reason, f"{table.num_rows} rows not applied")]
-        table, bad_times = event_time.stamp(table, self.cfg.event_time, location, rec.mtime_ns, checked_at)
-        return location, table, [*read.bad, *bad_times]
 
     def _declared_schema(self, entity: dict) -> pa.Schema | None:
         document = schema_document(self.root, entity)

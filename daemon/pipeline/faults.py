@@ -20,7 +20,9 @@ from lakefeed.batch import cdc
 from lakefeed.batch.changelog import quarantine_table
 from lakefeed.batch.read import BadRow
 from lakefeed.errors import LakefeedError, TransientError
+from lakefeed.pipeline import tasks
 from lakefeed.pipeline.commit import BatchResult, Committer
+from lakefeed.pipeline.tasks import Spread, Staged
 
 # What Rust (delta-rs, object_store) and boto say when the store, not the data, is at fault.
 _STORE = re.compile(r"os error \d+|no space left|disk quota|i/o error|timed? ?out|connection|broken pipe|"
@@ -60,6 +62,11 @@ def commit_or_park(committer: Committer, data: pa.Table | None, bad: list[tuple[
             raise  # a batch some table already holds is completed on replay, never parked in part
         reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
         log_.error("batch.parked", error=reason, rows=data.num_rows if data is not None else 0)
+    _park(committer, data, bad, result, checked_at, reason)
+
+
+def _park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
+          checked_at: datetime, reason: str) -> None:
     batch_id = result.batch_id
     parked = [] if committer.done(committer.sinks.quarantine, batch_id) else list(bad)
     if data is not None:
@@ -70,6 +77,24 @@ def commit_or_park(committer: Committer, data: pa.Table | None, bad: list[tuple[
         committer.sinks.quarantine.append(quarantine_table(committer.cfg.name, parked, batch_id, checked_at),
                                           app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
     result.rows, result.changes, result.quarantined = 0, 0, len(parked)
+
+
+def park_staged(committer: Committer, spread: Spread, staged: list[Staged], result: BatchResult,
+                checked_at: datetime, log_: Any) -> None:
+    """`commit_or_park` for an append batch that tasks read and staged: only when the data is at fault are its
+    rows read here, from the staging folder, to be parked."""
+    try:
+        committer.commit_staged(spread, staged, result, checked_at, log_)
+        return
+    except Exception as exc:
+        if not data_fault(exc) or _partly_committed(committer, result.batch_id):
+            raise
+        reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
+        log_.error("batch.parked", error=reason, rows=sum(s.rows for s in staged))
+    rows = [tasks.read_staged(committer.cfg, s.path) for s in staged if s.path]
+    data = pa.concat_tables(rows, promote_options="permissive") if rows else None
+    bad = [b for s in staged for b in s.bad]
+    _park(committer, data, bad, result, checked_at, reason)
 
 
 def _partly_committed(committer: Committer, batch_id: int) -> bool:

@@ -1,0 +1,214 @@
+"""Scale-out benchmark: the same landing load through lakefeed on one Spark executor, then on two.
+
+Each run starts the daemon (`lakefeed run`) with `spark.master` = `local-cluster[N,1,1024]` (N executor JVMs of one
+core each, with their own Python workers: a cluster on one machine), renames the same N CSV x M rows into its
+landing folder and ends when the Delta table holds every file. rows/s = rows / (last table commit - first landing).
+
+While it runs, every process of the daemon's session is sampled (utime + stime from /proc) and sorted by kind:
+the driver (the daemon's Python process, which plans and commits), the driver's JVM, the executors' JVMs, the
+executors' Python workers (where the tasks read, decode and write), and the driver side's other Python processes
+(the push intake, the streaming sources' runners). CPU per row of the driver against the tasks' shows how little of
+the row work is left in the driver.
+
+Goals (issue #20): two executors >= 1.7x the rows/s of one; the driver's CPU per row <= 10% of the tasks'.
+One JSON object goes to stdout at the end; exit status 0 when both runs completed.
+
+    python bench/scale_out.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
+
+`--smoke`: 8 files x 1,000 rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+from _common import (  # bench/ is the script folder, so on sys.path
+    CLK_TCK,
+    BenchError,
+    Deadline,
+    kill_group,
+    log_tail,
+    machine_busy,
+    parse_args,
+    publish,
+    ratio,
+    say,
+    stop_process,
+    workdir,
+)
+from ingest_files import CONFIG, ENTITY, LAKEFEED, generate, land, table_rows, wait_ready, watch_table
+
+GOAL_SPEED_UP = 1.7
+GOAL_DRIVER_SHARE = 0.10
+SMOKE = {"files": 8, "rows": 1000, "timeout": 300.0}
+KINDS = ("driver", "driver_jvm", "executor_jvm", "executor_python", "driver_side_python")
+
+
+class Sampler:
+    """CPU seconds of each process in one session, by kind, sampled until stopped (a process's last sample counts:
+    a process that ends between two samples loses at most one interval)."""
+
+    def __init__(self, session: int, interval: float = 0.2) -> None:
+        self.session, self.interval = session, interval
+        self.cpu: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        totals = dict.fromkeys(KINDS, 0.0)
+        for pid, cpu in self.cpu.items():
+            totals[self.kind[pid]] += cpu
+        return totals
+
+    def snapshot(self) -> dict[int, float]:
+        return dict(self.cpu)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+        self._sample()
+
+    def _sample(self) -> None:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text(encoding="ascii", errors="replace")
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[3]) != self.session:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK, cmdline)
+        for pid, (_, cpu, cmdline) in stats.items():
+            self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
+            if pid not in self.kind:
+                self.kind[pid] = self._kind(pid, cmdline, stats)
+
+    def _kind(self, pid: int, cmdline: bytes, stats: dict[int, tuple[int, float, bytes]]) -> str:
+        if pid == self.session:
+            return "driver"
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            return "executor_jvm"
+        if b"SparkSubmit" in cmdline:
+            return "driver_jvm"
+        parent = stats.get(pid, (0,))[0]
+        while parent in stats:
+            if b"CoarseGrainedExecutorBackend" in stats[parent][2]:
+                return "executor_python"
+            parent = stats[parent][0]
+        return "driver_side_python"
+
+
+def run(work: Path, master: str, names: list[str], source: Path, rows: int, args, deadline: Deadline) -> dict:
+    """One run of the daemon on `master` over hard links of the generated files."""
+    work.mkdir(parents=True)
+    staging = work / "staging"
+    staging.mkdir()
+    for name in names:
+        os.link(source / name, staging / name)
+    cfg = work / "lakefeed.yaml"
+    cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
+                                 master=master))
+    (work / "landing" / "data").mkdir(parents=True)
+    log_path = work / "daemon.log"
+    say(f"[{master}] starting lakefeed, log {log_path}")
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([str(LAKEFEED), "run", "--config", str(cfg)], cwd=work, stdin=subprocess.DEVNULL,
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    sampler = Sampler(proc.pid).start()
+    try:
+        wait_ready(proc, log_path, deadline)
+        before = sampler.snapshot()  # start-up's CPU is not the load's
+        busy = machine_busy()
+        landed = land(staging, work / "landing" / "data", names, 0.0)
+        commits = watch_table(work / "lake" / ENTITY / "table", proc, log_path, set(names), deadline)
+        busy = machine_busy() - busy
+        cpu = sampler.stop()
+        for pid, seconds in before.items():
+            cpu[sampler.kind[pid]] -= seconds
+        elapsed = max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values())
+        total = table_rows(work / "lake" / ENTITY / "table")
+        if total != rows * len(names):
+            raise BenchError(f"[{master}] the table holds {total} rows, expected {rows * len(names)}")
+        code = stop_process(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        if code != 0:
+            raise BenchError(f"[{master}] the daemon exited with {code}, expected 0")
+        tasks_cpu = cpu["executor_python"] + cpu["executor_jvm"]
+        say(f"[{master}] {total / elapsed:,.0f} rows/s ({elapsed:.2f} s); CPU s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+        return {"master": master, "rows": total, "elapsed_s": round(elapsed, 3), "rows_per_s": round(total / elapsed),
+                "batches": len(commits), "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+                "machine_busy_cpu_s": round(busy, 2),
+                "driver_cpu_us_per_row": round(cpu["driver"] / total * 1e6, 3),
+                "tasks_cpu_us_per_row": round(tasks_cpu / total * 1e6, 3)}
+    except BaseException:
+        say("daemon log tail:\n" + log_tail(log_path))
+        raise
+    finally:
+        if proc.poll() is None:
+            sampler.stop()
+        kill_group(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=200)
+    p.add_argument("--rows", type=int, default=50_000, help="rows per file")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
+    p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="overall deadline in seconds (default 1800)")
+    p.add_argument("--trigger-interval", type=float, default=0.5)
+    p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    args = parse_args(p, argv, SMOKE)
+    deadline = Deadline(args.timeout)
+    work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-scale-")
+    report: dict = {"bench": "scale_out", "smoke": args.smoke, "files": args.files, "rows": args.files * args.rows,
+                    "cores": os.cpu_count(), "load_before": os.getloadavg()[0], "ok": False, "workdir": str(work)}
+    try:
+        say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
+        names = generate(work / "generated", args.files, args.rows)
+        one = run(work / "one", "local-cluster[1,1,1024]", names, work / "generated", args.rows, args, deadline)
+        two = run(work / "two", "local-cluster[2,1,1024]", names, work / "generated", args.rows, args, deadline)
+        speed_up = ratio(two["rows_per_s"], one["rows_per_s"])
+        share = ratio(two["driver_cpu_us_per_row"], two["tasks_cpu_us_per_row"])
+        report.update({
+            "one_executor": one, "two_executors": two,
+            "speed_up": speed_up, "goal_speed_up": GOAL_SPEED_UP,
+            "driver_over_tasks_cpu_per_row": share, "goal_driver_over_tasks": GOAL_DRIVER_SHARE,
+            "goal_met": bool(speed_up and share is not None and speed_up >= GOAL_SPEED_UP
+                             and share <= GOAL_DRIVER_SHARE),
+            "ok": True,
+        })
+        say(f"two executors / one: {speed_up}x (goal >= {GOAL_SPEED_UP}); driver CPU per row / tasks': {share} "
+            f"(goal <= {GOAL_DRIVER_SHARE})")
+        return 0
+    except (BenchError, OSError, pa.ArrowException) as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"FAILED: {report['error']}")
+        return 1
+    except KeyboardInterrupt:
+        report["error"] = "interrupted"
+        return 1
+    finally:
+        publish(report, work, remove)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Parquet data files of a Delta table, written where a Spark task runs; committed later by the driver.
+
+A task writes its rows straight into the table's folder (local or s3://) and returns only what a Delta add action
+needs: path, size, partition values and statistics (numRecords, minValues, maxValues, nullCount). Nothing is in
+the table until the driver commits those actions (`DeltaRsSink.commit_files`), so a file a failed attempt left
+behind is never read; its name says which query, batch and attempt wrote it, and `sweep` removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+_STAT_CHARS = 32  # string statistics longer than this are left out (Delta readers only prune with them)
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One written file, as a Delta add action describes it (`path` relative to the table, URI-encoded)."""
+
+    path: str
+    size: int
+    partition_values: dict[str, str | None]
+    modification_time: int  # ms
+    stats: str
+    rows: int
+
+
+def prefix(token: str, batch_id: int) -> str:
+    """The start of every file name a batch of one query writes: what `sweep` looks for."""
+    return f"part-{token}-b{batch_id}-"
+
+
+def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_by: tuple[str, ...] = (),
+          unique_columns: tuple[str, ...] = ()) -> list[DataFile]:
+    """`data` as one Parquet file per partition under `root` (Hive-style folders), each named `name`-<n>-<uuid>.
+    `unique_columns` are written without dictionaries (offsets: every value differs)."""
+    groups = _partitions(data, partition_by) if partition_by else [({}, data)]
+    files = []
+    for n, (values, rows) in enumerate(groups):
+        folder = "/".join(f"{k}={quote(NULL_PARTITION if v is None else v, safe='')}" for k, v in values.items())
+        relative = posixpath.join(folder, f"{name}-{n}-{uuid.uuid4().hex}.parquet") if folder else \
+            f"{name}-{n}-{uuid.uuid4().hex}.parquet"
+        path = posixpath.join(root, relative)
+        fs.create_dir(posixpath.dirname(path), recursive=True)
+        dictionary: bool | list[str] = [c for c in rows.column_names if c not in unique_columns] \
+            if unique_columns else True
+        with fs.open_output_stream(path) as stream:
+            pq.write_table(rows, stream, use_dictionary=dictionary, compression="snappy")
+        info = fs.get_file_info(path)
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        files.append(DataFile(quote(relative, safe="/="), info.size, values, int(mtime * 1000), statistics(rows),
+                              rows.num_rows))
+    return files
+
+
+def _partitions(data: pa.Table, columns: tuple[str, ...]) -> list[tuple[dict[str, str | None], pa.Table]]:
+    """The rows of each combination of partition values (without the partition columns), with the values as Delta
+    records them: strings, dates as YYYY-MM-DD, None for null."""
+    keys = data.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+    out = []
+    for key in keys.to_pylist():
+        mask = None
+        for column, value in key.items():
+            test = pc.is_null(data.column(column)) if value is None else pc.equal(data.column(column), value)
+            mask = test if mask is None else pc.and_(mask, test)
+        rows = data.filter(mask).drop_columns(list(columns))
+        out.append(({c: _partition_value(v) for c, v in key.items()}, rows))
+    return out
+
+
+def _partition_value(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def statistics(rows: pa.Table) -> str:
+    """Delta's file statistics of `rows`: min and max of the columns that have an order, null counts of all."""
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
+        t = column.type
+        if pa.types.is_nested(t):
+            continue
+        nulls[name] = column.null_count
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or
+                pa.types.is_large_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)):
+            continue
+        if column.null_count == len(column):
+            continue
+        if pa.types.is_floating(t) and pc.any(pc.is_nan(column)).as_py():
+            continue  # NaN has no place in an order
+        bounds = pc.min_max(column).as_py()
+        lo, hi = bounds["min"], bounds["max"]
+        if isinstance(lo, str):
+            low[name] = lo[:_STAT_CHARS]  # a prefix is never greater
+            if len(hi) <= _STAT_CHARS:
+                high[name] = hi
+            continue
+        low[name], high[name] = _stat_value(lo), _stat_value(hi)
+    return json.dumps({"numRecords": rows.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls})
+
+
+def _stat_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def sweep(fs: pafs.FileSystem, root: str, start: str, kept: Iterable[str], folders: Iterable[str] = ("",)) -> int:
+    """Remove the files under `root`'s `folders` whose names begin with `start` and that the table does not hold
+    (`kept`: relative paths, URI-encoded as in the log); the number removed."""
+    keep = set(kept)
+    removed = 0
+    for folder in folders:
+        base = posixpath.join(root, folder) if folder else root
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+        except OSError:
+            continue
+        for info in infos:
+            if info.type != pafs.FileType.File or not os.path.basename(info.path).startswith(start):
+                continue
+            relative = quote(posixpath.relpath(info.path, root), safe="/=")
+            if relative not in keep:
+                fs.delete_file(info.path)
+                removed += 1
+    return removed

@@ -1,0 +1,124 @@
+"""Spark does the row work: on a multi-process Spark (`local-cluster`: a master, a worker and two executor JVMs,
+each with Python workers of its own), file batches are read and written in executor processes, the driver only
+commits, and SIGKILLs of the daemon or of an executor mid-batch lose and double nothing."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed.config import model as config_module
+from lakefeed.pipeline.verify import verify
+from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.test_daemon_process import ROWS_PER_FILE, Daemon, _csv, _table_rows
+
+CLUSTER = "local-cluster[2,1,1024]"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
+                                 "max_files_per_trigger": 8})
+    config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    yield tmp_path, daemon, config_module.load(config).entities[0]
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.proc.kill()
+        daemon.proc.wait()
+
+
+def _workers(table: Path) -> set[int]:
+    """The pids of the processes that read and wrote the rows of every batch the table holds."""
+    pids = set()
+    for commit in DeltaTable(str(table)).history():
+        if "lakefeed.workers" in commit:
+            pids |= {int(w.rsplit(":", 1)[1]) for w in json.loads(commit["lakefeed.workers"])}
+    return pids
+
+
+def _ancestors(pid: int) -> list[str]:
+    """The command lines of a process and of every process above it."""
+    lines = []
+    while pid > 1:
+        lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return lines
+
+
+def _files_on_disk(table: Path) -> set[str]:
+    return {p.relative_to(table).as_posix() for p in table.rglob("*.parquet")}
+
+
+def _files_held(table: Path) -> set[str]:
+    root = DeltaTable(str(table))
+    return {uri.removeprefix(f"file://{table}/").removeprefix(f"{table}/") for uri in root.file_uris()}
+
+
+def _expect_exactly(cfg, files: int) -> None:
+    total = files * ROWS_PER_FILE
+    rows = DeltaTable(str(cfg.table)).to_pyarrow_table()
+    assert sorted(rows["id"].to_pylist()) == list(range(total))  # every row once
+    changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
+    assert sorted(changelog["offset"].to_pylist()) == list(range(total))  # dense, never reused
+    assert verify(cfg) == []  # the changelog replays to the table, the ODF chain checks
+    for table in (cfg.table, cfg.changelog):  # nothing a failed attempt wrote is left beside the table
+        assert _files_on_disk(Path(table)) == _files_held(Path(table))
+
+
+def test_file_batches_are_read_and_written_in_executor_processes(cluster):
+    tmp_path, daemon, cfg = cluster
+    daemon.start()
+    for n in range(16):
+        land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
+    wait_for(lambda: _table_rows(cfg.table) == 16 * ROWS_PER_FILE, 180, 0.3, "every row")
+    workers = _workers(cfg.table) | _workers(cfg.changelog)
+    assert daemon.proc.pid not in workers
+    # Each is a Python worker of one of the two executor JVMs (python worker reuse keeps them alive).
+    executors = set()
+    for pid in workers:
+        above = _ancestors(pid)
+        assert "pyspark.daemon" in above[0] or "pyspark.daemon" in above[1], above[:2]
+        backend = [line for line in above if "CoarseGrainedExecutorBackend" in line]
+        assert backend, f"pid {pid} is not under an executor: {above}"
+        executors.add(backend[0])
+    assert len(executors) == 2  # the work was spread over both executors
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    _expect_exactly(cfg, 16)
+
+
+def test_sigkill_of_the_daemon_mid_batch_on_a_cluster_loses_and_doubles_nothing(cluster):
+    tmp_path, daemon, cfg = cluster
+    landing = tmp_path / "landing" / "sales"
+    daemon.start(env={"LAKEFEED_FAILPOINT": "commit.changelog"})  # the changelog committed, the table not
+    for n in range(6):
+        land(landing / f"f{n:03d}.csv", _csv(n))
+    assert daemon.wait(120) == -signal.SIGKILL, "the failpoint commit.changelog was not reached"
+    daemon.start()
+    for n in range(6, 10):
+        land(landing / f"f{n:03d}.csv", _csv(n))
+    wait_for(lambda: _table_rows(cfg.table) == 10 * ROWS_PER_FILE, 180, 0.3, "every row")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    _expect_exactly(cfg, 10)
+
+
+def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
+    """The first write task to finish its files kills its executor's JVM: Spark runs the task again on an
+    executor that lives, the batch commits once, and the dead attempt's files are removed."""
+    tmp_path, daemon, cfg = cluster
+    once = tmp_path / "executor-killed"
+    daemon.start(env={"LAKEFEED_FAILPOINT": "executor:task.written", "LAKEFEED_FAILPOINT_ONCE": str(once)})
+    for n in range(8):
+        land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
+    wait_for(lambda: _table_rows(cfg.table) == 8 * ROWS_PER_FILE, 240, 0.3, "every row")
+    assert once.exists(), "no executor was killed"
+    assert daemon.events("files.orphans_removed") >= 1
+    assert daemon.proc.poll() is None
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(90) == 0
+    _expect_exactly(cfg, 8)
