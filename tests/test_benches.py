@@ -95,6 +95,13 @@ def check_scale_out(r: dict[str, Any]) -> None:
         assert run["rows"] == r["rows"] and run["batches"] >= 1
 
 
+def check_memory(r: dict[str, Any]) -> None:
+    completed(r)
+    positive(r, "pss.total.max_mib", "pss.driver.max_mib", "pss.driver_jvm.max_mib", "pss.python_workers.max_mib",
+             "pss.intake.max_mib", "startup_s")
+    assert r["samples"] >= 2 and r["rows"] == (r["landed_files"] + r["pushes"]) * 20
+
+
 def check_kafka_ingest(r: dict[str, Any]) -> None:
     completed(r)
     positive(r, "ratio_vs_raw", "ratio_vs_raw_json", "steady_ratio_vs_raw", "cpu_ratio_raw_over_lakefeed",
@@ -191,6 +198,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "kafka_ingest": check_kafka_ingest,
     "lifecycle": check_lifecycle,
     "manifest_check": check_manifest_check,
+    "memory": check_memory,
     "msc_upkeep": check_msc_upkeep,
     "push_api": check_push_api,
     "read_engines": check_read_engines,

@@ -72,9 +72,12 @@ def _expect_exactly(cfg, files: int) -> None:
 def test_file_batches_are_read_and_written_in_executor_processes(cluster):
     tmp_path, daemon, cfg = cluster
     daemon.start()
-    for n in range(16):
-        land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
-    wait_for(lambda: _table_rows(cfg.table) == 16 * ROWS_PER_FILE, 180, 0.3, "every row")
+    rows_per_file = 20_000
+    texts = ["id,file\n" + "".join(f"{i},{n}\n" for i in range(n * rows_per_file, (n + 1) * rows_per_file))
+             for n in range(16)]
+    for n, text in enumerate(texts):
+        land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", text)
+    wait_for(lambda: _table_rows(cfg.table) == 16 * rows_per_file, 180, 0.3, "every row")
     workers = _workers(cfg.table) | _workers(cfg.changelog)
     assert daemon.proc.pid not in workers
     # Each is a Python worker of one of the two executor JVMs (python worker reuse keeps them alive).
@@ -88,7 +91,10 @@ def test_file_batches_are_read_and_written_in_executor_processes(cluster):
     assert len(executors) == 2  # the work was spread over both executors
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
-    _expect_exactly(cfg, 16)
+    changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
+    assert sorted(changelog["offset"].to_pylist()) == list(range(16 * rows_per_file))
+    assert sorted(changelog["id"].to_pylist()) == list(range(16 * rows_per_file))
+    assert verify(cfg) == []
 
 
 def test_sigkill_of_the_daemon_mid_batch_on_a_cluster_loses_and_doubles_nothing(cluster):

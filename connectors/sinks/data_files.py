@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,7 +30,8 @@ NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 @dataclass(frozen=True)
 class DataFile:
-    """One written file, as a Delta add action describes it (`path` relative to the table, URI-encoded)."""
+    """One written file, as a Delta add action describes it (`path`: relative to the table, as on the file system;
+    delta-rs encodes it as a URI in the log)."""
 
     path: str
     size: int
@@ -63,7 +64,7 @@ def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_b
             pq.write_table(rows, stream, use_dictionary=dictionary, compression="snappy")
         info = fs.get_file_info(path)
         mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-        files.append(DataFile(quote(relative, safe="/="), info.size, values, int(mtime * 1000), statistics(rows),
+        files.append(DataFile(relative, info.size, values, int(mtime * 1000), statistics(rows),
                               rows.num_rows))
     return files
 
@@ -120,14 +121,15 @@ def statistics(rows: pa.Table) -> str:
                 high[name] = hi
             continue
         low[name], high[name] = _stat_value(lo), _stat_value(hi)
-    return json.dumps({"numRecords": rows.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls})
+    return json.dumps({"numRecords": rows.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls},
+                      ensure_ascii=False)
 
 
 def _stat_value(value: Any) -> Any:
-    if isinstance(value, datetime):
+    if isinstance(value, datetime):  # to the millisecond, as Delta writers record them (readers allow for it)
         if value.tzinfo is not None:
-            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
     if isinstance(value, date):
         return value.isoformat()
     return value
@@ -135,8 +137,10 @@ def _stat_value(value: Any) -> Any:
 
 def sweep(fs: pafs.FileSystem, root: str, start: str, kept: Iterable[str], folders: Iterable[str] = ("",)) -> int:
     """Remove the files under `root`'s `folders` whose names begin with `start` and that the table does not hold
-    (`kept`: relative paths, URI-encoded as in the log); the number removed."""
-    keep = set(kept)
+    (`kept`: the relative paths of the files it holds); the number removed."""
+    keep = set()
+    for path in kept:  # as the log spells it (URI-encoded) or as a reader gives it back (decoded): either stays
+        keep.update((path, unquote(path)))
     removed = 0
     for folder in folders:
         base = posixpath.join(root, folder) if folder else root
@@ -147,8 +151,7 @@ def sweep(fs: pafs.FileSystem, root: str, start: str, kept: Iterable[str], folde
         for info in infos:
             if info.type != pafs.FileType.File or not os.path.basename(info.path).startswith(start):
                 continue
-            relative = quote(posixpath.relpath(info.path, root), safe="/=")
-            if relative not in keep:
+            if posixpath.relpath(info.path, root) not in keep:
                 fs.delete_file(info.path)
                 removed += 1
     return removed

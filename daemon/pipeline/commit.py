@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -294,7 +293,7 @@ class Committer:
         for sink, location, files in ((self.sinks.changelog, self.cfg.changelog, changelog),
                                       (self.sinks.table, self.cfg.table, table)):
             out, root = store.fs_of(location)
-            folders = {posixpath.dirname(unquote(f.path)) for f in files} or {""}
+            folders = {posixpath.dirname(f.path) for f in files} or {""}
             removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))
             if removed:
                 log_.info("files.orphans_removed", table=str(location), files=removed,
