@@ -268,9 +268,12 @@ class EntityPipeline:
 
         def stage(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.Staged]:
             self._go_on()
-            jobs = [tasks.StageJob(self.cfg, rec, partition, schema, checked_at, watermark, staging)
-                    for rec, partition in items]
-            return self.spread.map(tasks.stage, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: read")
+            runs = min(len(items), 2 * self.spread.width)  # a few runs per core: tasks are not free
+            size = -(-len(items) // runs) if runs else 1
+            jobs = [tasks.StageJob(self.cfg, tuple(items[i:i + size]), schema, checked_at, watermark, staging)
+                    for i in range(0, len(items), size)]
+            staged = self.spread.map(tasks.stage, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: read")
+            return [s for run in staged for s in run]
 
         if target is None and matched:  # the first file ever fixes the table's types; the others are read so
             staged = stage(matched[:1], None)

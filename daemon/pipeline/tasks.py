@@ -3,8 +3,8 @@ daemon, threads of this process without Spark).
 
 Two stages, so that changelog offsets are dense and deterministic whatever order tasks finish in, and however
 often one is retried:
-1. `stage`, one task per landed file: read it and take its rows as a batch does (daemon/batch/file_rows.py),
-   late rows set apart, and write them to the batch's staging folder (Arrow IPC, beside the changelog) under a
+1. `stage`, one task per run of landed files: read each and take its rows as a batch does (daemon/batch/file_rows.py),
+   late rows set apart, and write its rows to the batch's staging folder (Arrow IPC, beside the changelog) under a
    name the file's inbox offset fixes. It returns counts, bad rows, the schema and the latest event time.
 2. `write`, one task per run of staged files in inbox order: the driver has summed the counts, so each run knows
    its first changelog offset. It writes the changelog's and the table's Parquet files straight into their
@@ -73,8 +73,7 @@ def worker() -> tuple[str, int]:
 @dataclass(frozen=True)
 class StageJob:
     cfg: EntityConfig
-    rec: InboxRecord
-    partition: Partition
+    files: tuple[tuple[InboxRecord, Partition], ...]  # a run of the batch's files, each staged on its own
     target: pa.Schema | None
     checked_at: datetime
     watermark: datetime | None
@@ -95,13 +94,18 @@ class Staged:
     worker: str = ""
 
 
-def stage(job: StageJob) -> Staged:
+def stage(job: StageJob) -> list[Staged]:
     where, _ = worker()
+    store = Storage(job.cfg.storage)
+    return [_stage_one(job, store, rec, partition, where) for rec, partition in job.files]
+
+
+def _stage_one(job: StageJob, store: Storage, rec: InboxRecord, partition: Partition, where: str) -> Staged:
     cfg = job.cfg
     log_ = _log.bind(entity=cfg.name)
-    read = read_file(cfg, Storage(cfg.storage), job.rec, job.partition, job.target, job.checked_at, log_)
+    read = read_file(cfg, store, rec, partition, job.target, job.checked_at, log_)
     if read is None:
-        return Staged(job.rec.offset, job.partition.location, False, worker=where)
+        return Staged(rec.offset, partition.location, False, worker=where)
     location, table, file_bad = read
     bad = [(location, b) for b in file_bad]
     late = 0
@@ -113,18 +117,18 @@ def stage(job: StageJob) -> Staged:
                 reason = f"late: event time behind the watermark {clock.to_cdm(job.watermark)}"  # type: ignore[arg-type]
                 bad.extend(cdc.bad_rows(table.filter(pa.array(mask)), reason))
             else:
-                log_.info("rows.late_dropped", file=job.rec.path, rows=late,
+                log_.info("rows.late_dropped", file=rec.path, rows=late,
                           watermark=clock.to_cdm(job.watermark))  # type: ignore[arg-type]
             table = table.filter(pa.array(~mask))
     if table is None:
-        return Staged(job.rec.offset, location, True, bad=tuple(bad), late=late, worker=where)
-    url = f"{job.staging}/{job.rec.offset}.arrow"
-    fs, path = Storage(cfg.storage).fs_of(url)
+        return Staged(rec.offset, location, True, bad=tuple(bad), late=late, worker=where)
+    url = f"{job.staging}/{rec.offset}.arrow"
+    fs, path = store.fs_of(url)
     fs.create_dir(posixpath.dirname(path), recursive=True)
     with fs.open_output_stream(path) as stream, pa.ipc.new_file(stream, table.schema) as writer:
         writer.write_table(table)
     latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
-    return Staged(job.rec.offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
+    return Staged(rec.offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
 
 
 @dataclass(frozen=True)
