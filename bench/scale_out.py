@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,6 +34,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     BenchError,
     Deadline,
     kill_group,
+    log_events,
     log_tail,
     machine_busy,
     parse_args,
@@ -116,6 +118,12 @@ class Sampler:
         return "driver_side_python"
 
 
+def chained(log_path: Path, last_offset: int) -> bool:
+    """Whether the daemon's ODF chain has appended the slice that ends at `last_offset`."""
+    events, _ = log_events(log_path)
+    return any(e["event"] == "odf.appended" and e.get("last_offset") == last_offset for e in events)
+
+
 def run(work: Path, master: str, names: list[str], source: Path, rows: int, args, deadline: Deadline) -> dict:
     """One run of the daemon on `master` over hard links of the generated files."""
     work.mkdir(parents=True)
@@ -139,6 +147,11 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         busy = machine_busy()
         landed = land(staging, work / "landing" / "data", names, 0.0)
         commits = watch_table(work / "lake" / ENTITY / "table", proc, log_path, set(names), deadline)
+        chained_at = time.monotonic()
+        while not chained(log_path, rows * len(names) - 1):  # the driver's share includes the ODF chain
+            deadline.check("waiting for the ODF chain to take the last rows")
+            time.sleep(0.1)
+        chain_s = time.monotonic() - chained_at
         busy = machine_busy() - busy
         cpu = sampler.stop()
         for pid, seconds in before.items():
@@ -154,7 +167,8 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         say(f"[{master}] {total / elapsed:,.0f} rows/s ({elapsed:.2f} s); CPU s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
         return {"master": master, "rows": total, "elapsed_s": round(elapsed, 3), "rows_per_s": round(total / elapsed),
-                "batches": len(commits), "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+                "batches": len(commits), "chain_after_commit_s": round(chain_s, 2),
+                "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
                 "machine_busy_cpu_s": round(busy, 2),
                 "driver_cpu_us_per_row": round(cpu["driver"] / total * 1e6, 3),
                 "tasks_cpu_us_per_row": round(tasks_cpu / total * 1e6, 3)}
