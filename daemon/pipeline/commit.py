@@ -9,10 +9,7 @@ commit changed (its change data feed), so a replay finds the same changes again.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import posixpath
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,12 +27,12 @@ from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.batch.read import BadRow
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
-from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.pipeline import tasks
+from lakefeed.pipeline.staging import Staging, runs
 from lakefeed.pipeline.tasks import Spread, Staged
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
@@ -105,8 +102,7 @@ class Committer:
         self.app_id = app_id
         self._offsets = offsets
         self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
-        self._token = hashlib.sha256(app_id.encode()).hexdigest()[:10]  # in the names of the files its tasks write
-        self._swept = False
+        self.staging = Staging(cfg, app_id)
 
     def done(self, sink: TableSink, batch_id: int) -> bool:
         version = sink.committed_version(self.app_id)
@@ -230,11 +226,6 @@ class Committer:
                   quarantined=len(bad), unmatched=result.unmatched, late=result.late, workers=workers,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
-    def staging(self, batch_id: int) -> str:
-        """Where a batch's tasks stage the rows they read: beside the changelog (where every executor reaches)."""
-        parent = str(self.cfg.changelog).rstrip("/").rsplit("/", 1)[0]
-        return f"{parent}/_staging/{self._token}-b{batch_id}"
-
     def _write_staged(self, spread: Spread, staged: list[Staged], batch_id: int, table_meta: dict[str, str],
                       changelog_meta: dict[str, str], checked_at: datetime, log_: Any) -> list[str]:
         changelog_due = bool(staged) and not self.done(self.sinks.changelog, batch_id)
@@ -250,8 +241,8 @@ class Committer:
         schema = pa.unify_schemas([s.schema for s in staged if s.schema is not None], promote_options="permissive")
         first = self._offsets.start() if changelog_due else None
         jobs, offset = [], first
-        for n, run in enumerate(_runs(staged, spread.width)):
-            name = f"{data_files.prefix(self._token, batch_id)}r{n}"
+        for n, run in enumerate(runs(staged, spread.width)):
+            name = self.staging.name(batch_id, n)
             jobs.append(tasks.WriteJob(self.cfg, tuple(s.path for s in run if s.path), schema, offset,
                                        table_due, batch_id, checked_at, name))
             if offset is not None:
@@ -270,34 +261,8 @@ class Committer:
             files = [f for w in written for f in w.table]
             self.sinks.table.commit_files(files, data_columns(empty).schema, self.app_id, batch_id,
                                           {**table_meta, **placed})
-        self._tidy(batch_id, written, log_)
+        self.staging.tidy(batch_id, written, self.sinks.changelog, self.sinks.table, log_)
         return workers
-
-    def unstage(self, batch_id: int) -> None:
-        """The batch's staged rows are no longer needed."""
-        fs, folder = Storage(self.cfg.storage).fs_of(self.staging(batch_id))
-        fs.delete_dir_contents(folder, missing_dir_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            fs.delete_dir(folder)
-
-    def _tidy(self, batch_id: int, written: list[tasks.Written], log_: Any) -> None:
-        """The batch's staging folder goes; so do files an earlier attempt of it wrote that no table holds (a task
-        retried, a crash before the commit): looked for once per start, and after a batch with a retried task."""
-        self.unstage(batch_id)
-        if self._swept and not any(w.retried for w in written):
-            return
-        self._swept = True
-        store = Storage(self.cfg.storage)
-        start = data_files.prefix(self._token, batch_id)
-        changelog, table = [f for w in written for f in w.changelog], [f for w in written for f in w.table]
-        for sink, location, files in ((self.sinks.changelog, self.cfg.changelog, changelog),
-                                      (self.sinks.table, self.cfg.table, table)):
-            out, root = store.fs_of(location)
-            folders = {posixpath.dirname(f.path) for f in files} or {""}
-            removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))
-            if removed:
-                log_.info("files.orphans_removed", table=str(location), files=removed,
-                          reason="written by an attempt of this batch that was not committed")
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
                 checked_at: datetime, log_: Any) -> None:
@@ -416,20 +381,6 @@ class Committer:
             failpoints.reached("commit.changelog")
         if history is not None and history_due:
             history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
-
-
-def _runs(staged: list[tasks.Staged], width: int) -> list[list[tasks.Staged]]:
-    """Staged files in at most `width` runs of about equal rows, in order: each run is one task's changelog file,
-    one ODF slice."""
-    total = sum(s.rows for s in staged)
-    runs: list[list[tasks.Staged]] = [[]]
-    filled = 0
-    for s in staged:
-        if runs[-1] and filled >= total * len(runs) / width:
-            runs.append([])
-        runs[-1].append(s)
-        filled += s.rows
-    return runs
 
 
 def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:

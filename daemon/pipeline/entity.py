@@ -258,13 +258,13 @@ class EntityPipeline:
                     gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
                     data = data.filter(pc.invert(gone))
             commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
-            committer.unstage(batch_id)
+            committer.staging.drop(batch_id)
         self._manifests(records[-1].offset + 1)
         return result
 
     def _stage(self, committer: Committer, matched: list[tuple[InboxRecord, Partition]], target: pa.Schema | None,
                checked_at: datetime, watermark: datetime | None, batch_id: int) -> list[tasks.Staged]:
-        staging = committer.staging(batch_id)
+        staging = committer.staging.url(batch_id)
 
         def stage(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.Staged]:
             self._go_on()

@@ -1,0 +1,73 @@
+"""What a file batch's tasks leave behind them, and its removal: the rows they staged (beside the changelog, where
+every executor reaches) and files of attempts that were never committed (named after the query, batch and attempt
+that wrote them: connectors/sinks/data_files.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import posixpath
+from typing import Any
+
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks import data_files
+from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.inbox.storage import Storage
+from lakefeed.pipeline.tasks import Staged, Written
+
+
+class Staging:
+    """One query's (app_id's) staging folders and file names."""
+
+    def __init__(self, cfg: EntityConfig, app_id: str) -> None:
+        self.cfg = cfg
+        self.token = hashlib.sha256(app_id.encode()).hexdigest()[:10]  # in the names of the files its tasks write
+        self._swept = False
+
+    def url(self, batch_id: int) -> str:
+        """Where a batch's tasks stage the rows they read."""
+        parent = str(self.cfg.changelog).rstrip("/").rsplit("/", 1)[0]
+        return f"{parent}/_staging/{self.token}-b{batch_id}"
+
+    def name(self, batch_id: int, run: int) -> str:
+        return f"{data_files.prefix(self.token, batch_id)}r{run}"
+
+    def drop(self, batch_id: int) -> None:
+        """The batch's staged rows are no longer needed."""
+        fs, folder = Storage(self.cfg.storage).fs_of(self.url(batch_id))
+        fs.delete_dir_contents(folder, missing_dir_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(folder)
+
+    def tidy(self, batch_id: int, written: list[Written], changelog: TableSink, table: TableSink, log_: Any) -> None:
+        """After the batch's commits: its staging folder goes; so do files an earlier attempt of it wrote that no
+        table holds (a task retried, a crash before the commit): looked for on the first batch after a start, and
+        after a batch with a retried task."""
+        self.drop(batch_id)
+        if self._swept and not any(w.retried for w in written):
+            return
+        self._swept = True
+        store = Storage(self.cfg.storage)
+        start = data_files.prefix(self.token, batch_id)
+        for sink, location, files in ((changelog, self.cfg.changelog, [f for w in written for f in w.changelog]),
+                                      (table, self.cfg.table, [f for w in written for f in w.table])):
+            out, root = store.fs_of(location)
+            folders = {posixpath.dirname(f.path) for f in files} or {""}
+            removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))
+            if removed:
+                log_.info("files.orphans_removed", table=str(location), files=removed,
+                          reason="written by an attempt of this batch that was not committed")
+
+
+def runs(staged: list[Staged], width: int) -> list[list[Staged]]:
+    """Staged files in at most `width` runs of about equal rows, in order: each run is one task's changelog file,
+    one ODF slice."""
+    total = sum(s.rows for s in staged)
+    out: list[list[Staged]] = [[]]
+    filled = 0
+    for s in staged:
+        if out[-1] and filled >= total * len(out) / width:
+            out.append([])
+        out[-1].append(s)
+        filled += s.rows
+    return out
