@@ -67,8 +67,6 @@ def worker() -> tuple[str, int]:
 
     context = TaskContext.get()
     log.configure_once()
-    if context is not None:  # pyarrow's threads: the cores Spark gave the task, not every core of the machine
-        pa.set_cpu_count(max(1, context.cpus()))
     return f"{socket.gethostname()}:{os.getpid()}", context.attemptNumber() if context is not None else 0
 
 
