@@ -104,6 +104,16 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
     return proc.returncode
 
 
+def stop_daemon(proc: subprocess.Popen, timeout: float) -> int | None:
+    """stop_process for a lakefeed daemon: one that does not stop in time prints its threads' stacks in its log
+    (SIGUSR2), which says what it waits on."""
+    code = stop_process(proc, timeout)
+    if code is None:
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(1)
+    return code
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL a started process's group (the daemon, its JVM and Python workers) if alive."""
     try:

@@ -43,7 +43,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     parse_args,
     publish,
     say,
-    stop_process,
+    stop_daemon,
     workdir,
 )
 from deltalake import DeltaTable, write_deltalake
@@ -277,7 +277,7 @@ def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, d
         say(f"all files visible: {total_rows} rows in {len(commits)} commits, {elapsed:.2f}s after first landing")
         say("stopping the daemon (SIGTERM)")
         t_stop = time.time()
-        code = stop_process(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code is None:
             raise BenchError("daemon did not exit within 120s of SIGTERM")
         say(f"daemon exited with {code} after {time.time() - t_stop:.1f}s")

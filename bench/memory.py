@@ -46,7 +46,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     parse_args,
     publish,
     say,
-    stop_process,
+    stop_daemon,
     workdir,
 )
 from deltalake import DeltaTable
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         found = sum(rows_in(work / "lake" / e / "table") for e in entities)
         if found != expected:
             raise BenchError(f"the tables hold {found} rows, expected {expected}")
-        code = stop_process(proc, timeout=120.0)
+        code = stop_daemon(proc, timeout=120.0)
         if code != 0:
             raise BenchError(f"the daemon exited with {code}, expected 0")
         totals = np.array([s["total"] for s in samples])

@@ -76,6 +76,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     publish,
     ratio,
     say,
+    stop_daemon,
     stop_process,
     workdir,
 )
@@ -531,7 +532,7 @@ def run_lakefeed(work: Path, bodies: dict, phases: list, args: argparse.Namespac
         closed, open_ = run_load(url, bodies, phases, args, tally, cpu, deadline, after_phase=drain)
         say("stopping the daemon (SIGTERM)")
         t_stop = time.perf_counter()
-        code = stop_process(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code is None:
             raise BenchError("daemon did not exit within 120s of SIGTERM")
         shutdown_s = time.perf_counter() - t_stop

@@ -97,6 +97,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     publish,
     ratio,
     say,
+    stop_daemon,
     stop_process,
     workdir,
 )
@@ -299,7 +300,7 @@ class Daemon:
     def stop(self, timeout: float) -> tuple[int | None, float]:
         assert self.proc is not None
         t = time.perf_counter()
-        code = stop_process(self.proc, timeout)
+        code = stop_daemon(self.proc, timeout)
         return code, time.perf_counter() - t
 
 

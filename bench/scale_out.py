@@ -41,7 +41,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     publish,
     ratio,
     say,
-    stop_process,
+    stop_daemon,
     workdir,
 )
 from ingest_files import CONFIG, ENTITY, LAKEFEED, generate, land, table_rows, wait_ready, watch_table
@@ -160,7 +160,7 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         total = table_rows(work / "lake" / ENTITY / "table")
         if total != rows * len(names):
             raise BenchError(f"[{master}] the table holds {total} rows, expected {rows * len(names)}")
-        code = stop_process(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code != 0:
             raise BenchError(f"[{master}] the daemon exited with {code}, expected 0")
         tasks_cpu = cpu["executor_python"] + cpu["executor_jvm"]

@@ -18,6 +18,9 @@ import os
 import signal
 import threading
 
+from lakefeed import log
+
+_log = log.get(__name__)
 _ARMED = os.environ.get("LAKEFEED_FAILPOINT")
 
 
@@ -25,6 +28,7 @@ def reached(name: str) -> None:
     if _ARMED == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if _ARMED == f"hang:{name}":
+        _log.warning("failpoint.hanging", point=name)  # the tests wait for this, not for a guess at the time
         threading.Event().wait()
     if _ARMED == f"executor:{name}" and _first(name):
         os.kill(_executor(), signal.SIGKILL)

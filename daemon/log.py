@@ -6,6 +6,9 @@ import logging
 import os
 import re
 import sys
+import threading
+import traceback
+from types import FrameType
 
 import structlog
 
@@ -67,6 +70,15 @@ def _redact(record: logging.LogRecord) -> bool:
         record.exc_text = redact(record.exc_text)
     record.msg, record.args = redact(record.getMessage()), None
     return True
+
+
+def print_stacks(_signum: int, _frame: FrameType | None) -> None:
+    """The SIGUSR2 handler: every thread's Python stack in one `daemon.stacks` line, to see what a daemon that
+    does not stop waits on. (faulthandler's dump is not used: it crashed the daemon while py4j threads ran.)"""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks = {f"{names.get(ident, 'unknown')} ({ident})": "".join(traceback.format_stack(frame))
+              for ident, frame in sys._current_frames().items()}
+    get(__name__).warning("daemon.stacks", threads=stacks)
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

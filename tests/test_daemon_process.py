@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,12 @@ class Daemon:
 
     def wait(self, timeout: float = 60) -> int:
         assert self.proc is not None
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR2)  # its threads' stacks into the log: what it waits on
+            time.sleep(1)
+            raise AssertionError(f"the daemon did not exit in {timeout} s:\n{self.log.read_text()[-6000:]}") from None
         self._log_file.close()
         return code
 

@@ -128,3 +128,36 @@ def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(90) == 0
     _expect_exactly(cfg, 8)
+
+
+def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_once(tmp_path):
+    """A write task hangs (after writing its files): SIGTERM waits `shutdown_timeout_s` for the batch, then the stop
+    cancels its Spark jobs; the daemon exits 0 well before the forced exit, nothing is committed or parked, and the
+    next start commits the batch once and removes the cancelled attempt's files."""
+    from lakefeed.ops.supervisor import STOP_GRACE_S
+
+    entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2})
+    config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2},
+                          shutdown_timeout_s=3)
+    cfg = config_module.load(config).entities[0]
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    try:
+        daemon.start(env={"LAKEFEED_FAILPOINT": "hang:task.written"})
+        for n in range(4):
+            land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
+        wait_for(lambda: any(p.suffix == ".parquet" for p in Path(cfg.table).rglob("*")), 120, 0.2,
+                 "a write task's files")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(3 + STOP_GRACE_S - 1) == 0
+        assert daemon.events("daemon.stop_forced") == 0 and daemon.events("batch.committed") == 0
+        assert daemon.events("batch.parked") == 0 and _table_rows(cfg.table) == 0
+        assert daemon.events("batch.abandoned") == 1
+        daemon.start()
+        wait_for(lambda: _table_rows(cfg.table) == 4 * ROWS_PER_FILE, 180, 0.3, "every row")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(90) == 0
+        _expect_exactly(cfg, 4)
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()

@@ -307,7 +307,7 @@ def test_watchdog_pings_stop_when_a_query_is_stuck_and_a_second_signal_forces_ex
                       "LAKEFEED_FAILPOINT": "hang:batch.discovered"})
     wait_for(lambda: len(notes.with_field("WATCHDOG=1")) >= 3, 30, 0.1, "watchdog pings while idle")
     land(tmp_path / "landing" / "sales" / "a.csv", "id\n1\n")  # this batch hangs
-    wait_for(lambda: daemon.events("file.discovered") == 1, 30, 0.1, "the batch to start")
+    wait_for(lambda: daemon.events("failpoint.hanging") == 1, 60, 0.1, "the batch to hang")
     time.sleep(4)  # the stall timeout (3 s) passes with work waiting
     quiet_from = time.monotonic()
     time.sleep(2.5)
@@ -366,7 +366,14 @@ def test_a_stop_that_cannot_end_its_batch_exits_by_itself_after_the_grace(tmp_pa
     daemons.append(daemon)
     daemon.start(env={"LAKEFEED_FAILPOINT": "hang:batch.discovered"})
     land(tmp_path / "landing" / "sales" / "a.csv", "id\n1\n")
-    wait_for(lambda: daemon.events("file.discovered") == 1, 60, 0.1, "the batch to start")
+    # At the failpoint, not merely started: a stop cancels a batch's Spark jobs (its read tasks), and that batch
+    # then ends by itself.
+    wait_for(lambda: daemon.events("failpoint.hanging") == 1, 60, 0.1, "the batch to hang")
+    daemon.signal(signal.SIGUSR2)  # every thread's stack on stderr: the stuck one is in the failpoint
+    wait_for(lambda: daemon.events("daemon.stacks") == 1, 30, 0.1, "the stacks")
+    stacks = [json.loads(line) for line in daemon.log.read_text().splitlines() if '"daemon.stacks"' in line]
+    assert any("in reached" in stack and "_process_files" in stack for stack in stacks[0]["threads"].values())
+    assert daemon.proc.poll() is None
     stopping = time.monotonic()
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(2 + STOP_GRACE_S + 30) == 128 + signal.SIGTERM

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import sys
 from datetime import date, time
 from pathlib import Path
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return show_manifest(cfg, args.entity, args.json)
     from lakefeed.ops.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
+
+    signal.signal(signal.SIGUSR2, log.print_stacks)  # `kill -USR2`: what a daemon that does not stop waits on
 
     try:
         if args.command == "backfill":

@@ -240,7 +240,12 @@ class EntityRunner:
             _log.error("entity.failed", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=str(exc))
             raise
         except Exception as exc:
-            self.metrics.error(self.cfg.name, type(exc).__name__)
+            if self._shutdown.is_set() or stream in self._halting:  # the stop cancelled the batch's Spark jobs
+                _log.warning("batch.abandoned", entity=self.cfg.name, stream=stream, batch_id=batch_id,
+                             reason="stopping: the shutdown timeout has passed and its tasks were cancelled; "
+                                    "replayed at the next start", error=" ".join(f"{type(exc).__name__}: {exc}".splitlines()[:2])[:300])
+            else:
+                self.metrics.error(self.cfg.name, type(exc).__name__)
             raise
         if end is not None:
             self.consumed[stream] = end
