@@ -241,9 +241,10 @@ class EntityRunner:
             raise
         except Exception as exc:
             if self._shutdown.is_set() or stream in self._halting:  # the stop cancelled the batch's Spark jobs
-                _log.warning("batch.abandoned", entity=self.cfg.name, stream=stream, batch_id=batch_id,
+                error = " ".join(f"{type(exc).__name__}: {exc}".splitlines()[:2])[:300]
+                _log.warning("batch.abandoned", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=error,
                              reason="stopping: the shutdown timeout has passed and its tasks were cancelled; "
-                                    "replayed at the next start", error=" ".join(f"{type(exc).__name__}: {exc}".splitlines()[:2])[:300])
+                                    "replayed at the next start")
             else:
                 self.metrics.error(self.cfg.name, type(exc).__name__)
             raise
