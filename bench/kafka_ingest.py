@@ -25,10 +25,9 @@ Measured, in one run, over the same N messages:
   that made the N-th message visible. `steady_per_s` leaves batch 0 (table creation, first
   imports) out: rows of batches 1.. / (last commit - batch 0's commit).
 * where a daemon batch's time goes: per batch, the checkpoint's `offsets/N` -> `commits/N`
-  times; the daemon's `lakefeed_batch_duration_seconds` histogram (foreachBatch's work after
-  `toArrow()`: decode, conform, changelog + table appends) gives the processing share, the
-  rest of the batch is Spark's read (the Python data source on the executors, Arrow to the
-  driver) and scheduling.
+  times; the daemon's `lakefeed_batch_duration_seconds` histogram (foreachBatch's work: the
+  tasks that read, decode and stage the messages, the write tasks, the commits) gives the
+  processing share, the rest of the batch is Spark's planning and scheduling.
 * components: the same work outside Spark, in this process, for one batch of the first
   `max_offsets_per_trigger` messages: the connector's executor-side read
   (`_KafkaStreamReader.read`, the partitions one after another), `messages.decode`, and
@@ -454,7 +453,7 @@ def run_lakefeed(work: Path, broker: Broker, partitions: int, messages: int, max
             "cpu_us_per_msg": round(daemon_cpu / messages * 1e6, 2),
             "tansu_cpu_us_per_msg": round(spent["tansu"] / messages * 1e6, 2),
             "cpu": spent,
-            # The time inside Spark's batches: processing (foreachBatch after toArrow) vs the rest.
+            # The time inside Spark's batches: processing (foreachBatch's work) vs the rest.
             "time_split": {
                 "batches_wall_s": round(batch_wall, 2),
                 "process_messages_s": round(process_s, 2) if process_s is not None else None,
@@ -507,8 +506,9 @@ KEY_FRAMES = {
     "kafka-python crc32c, pure Python": ("crc_update", "_crc32c.py"),
     "python worker start-up: imports": ("_find_and_load", "<frozen importlib._bootstrap>"),
     "runner _kafka_batch (driver)": ("EntityRunner._kafka_batch", "runner.py"),
-    "DataFrame.toArrow (driver)": ("DataFrame.toArrow", "dataframe.py"),
-    "pipeline process_messages": ("EntityPipeline.process_messages", "pipeline.py"),
+    "DataFrame.mapInArrow collect (driver)": ("FrameParts.map", "spark.py"),
+    "pipeline process_messages": ("EntityPipeline.process_messages", "entity.py"),
+    "tasks stage_messages (executors)": ("stage_messages", "tasks.py"),
     "messages.decode": ("decode", "messages.py"),
     "messages._parse (pyarrow.json)": ("_parse", "messages.py"),
     "read.conform": ("conform", "read.py"),
@@ -577,6 +577,7 @@ def components(work: Path, broker: Broker, partitions: int, batch: int, deadline
     from lakefeed.connectors.sources.kafka_source import _KafkaStreamReader, _Options, _TopicRange
     from lakefeed.pipeline.commit import Sinks
     from lakefeed.pipeline.entity import EntityPipeline
+    from lakefeed.pipeline.tasks import Here
 
     log.configure("WARNING", json=True)  # lakefeed logs to stderr; stdout is for the report
     work.mkdir(parents=True)
@@ -613,7 +614,7 @@ def components(work: Path, broker: Broker, partitions: int, batch: int, deadline
     for batch_id in (0, 1):  # the first creates the tables, the second appends to them
         deadline.check("measuring the components")
         t = time.perf_counter()
-        result = pipeline.process_messages(STREAM, table, batch_id)
+        result = pipeline.process_messages(STREAM, Here(table), batch_id)
         process.append(time.perf_counter() - t)
         if result.rows != batch:
             raise BenchError(f"process_messages committed {result.rows} rows, expected {batch}")

@@ -1,6 +1,7 @@
 """Spark does the row work: on a multi-process Spark (`local-cluster`: a master, a worker and two executor JVMs,
-each with Python workers of its own), file batches are read and written in executor processes, the driver only
-commits, and SIGKILLs of the daemon or of an executor mid-batch lose and double nothing."""
+each with Python workers of its own), file, push and Kafka batches are read, decoded and written in executor
+processes (the changelog files hashed there as ODF slices), the driver only commits, and SIGKILLs of the daemon or
+of an executor mid-batch, or a stop that cancels a batch's tasks, lose and double nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from deltalake import DeltaTable
 from lakefeed.config import model as config_module
 from lakefeed.pipeline.verify import verify
 from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture
 from tests.test_daemon_process import ROWS_PER_FILE, Daemon, _csv, _table_rows
 
 CLUSTER = "local-cluster[2,1,1024]"
@@ -161,3 +163,76 @@ def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_on
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
             daemon.proc.wait()
+
+
+def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path):
+    """Push frames of an append entity and of an upsert entity: executor Python workers decode them (both) and write
+    the tables' files (append); every acknowledged record is there once, offsets dense, `verify` passes."""
+    from tests.test_operations import TOKEN, Client, _push_entity
+
+    upserts = {**_push_entity("accounts"), "cdc": {"strategy": "upsert", "primary_key": ["id"]}}
+    config = write_config(tmp_path, [_push_entity("events"), upserts],
+                          spark={"master": CLUSTER, "trigger_interval_s": 0.2})
+    assert TOKEN
+    lake = config_module.load(config)
+    events, accounts = lake.entities
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    try:
+        daemon.start()
+        client = Client(tmp_path / "state")
+        for n in range(30):
+            assert client.push([{"id": n * 10 + i, "v": f"r{n}"} for i in range(10)], "events")[0] == 202
+            assert client.push([{"id": n % 7, "v": f"r{n}"}], "accounts")[0] == 202
+        wait_for(lambda: _table_rows(events.table) == 300, 180, 0.3, "every pushed event")
+        wait_for(lambda: sorted(DeltaTable(str(accounts.table)).to_pyarrow_table()["v"].to_pylist())
+                 == sorted(f"r{n}" for n in range(23, 30)), 180, 0.3, "the last value of each account")
+        for cfg in (events, accounts):
+            workers = _workers(cfg.changelog) | _workers(cfg.table)
+            assert workers and daemon.proc.pid not in workers
+            for pid in workers:
+                assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(90) == 0
+        rows = DeltaTable(str(events.table)).to_pyarrow_table()
+        assert sorted(rows["id"].to_pylist()) == list(range(300))
+        changelog = DeltaTable(str(events.changelog)).to_pyarrow_table()
+        assert sorted(changelog["offset"].to_pylist()) == list(range(300))
+        assert verify(events) == [] and verify(accounts) == []
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
+def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, kafka_broker):  # noqa: F811
+    """A topic of 3 partitions into an append entity and an upsert entity: the messages are decoded where Spark's
+    tasks read them and no row comes to the driver; every message once, `verify` passes."""
+    kafka_broker.create_topic("clicks", 3)
+    clicks = {"name": "clicks", "kafka": [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap,
+                                           "topics": ["clicks"], "max_offsets_per_trigger": 200}]}
+    users = {"name": "users", "cdc": {"strategy": "upsert", "primary_key": ["id"]},
+             "kafka": [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topics": ["clicks"]}]}
+    config = write_config(tmp_path, [clicks, users], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
+    lake = config_module.load(config)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    try:
+        daemon.start()
+        kafka_broker.produce("clicks", [{"id": i % 50, "n": i} for i in range(600)])
+        wait_for(lambda: _table_rows(lake.entity("clicks").table) == 600, 180, 0.3, "every message")
+        wait_for(lambda: _table_rows(lake.entity("users").table) == 50, 180, 0.3, "every user")
+        for cfg in lake.entities:
+            workers = _workers(cfg.changelog) | _workers(cfg.table)
+            assert workers and daemon.proc.pid not in workers
+            for pid in workers:
+                assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(90) == 0
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+    rows = DeltaTable(str(lake.entity("clicks").table)).to_pyarrow_table()
+    assert sorted(rows["n"].to_pylist()) == list(range(600))
+    changelog = DeltaTable(str(lake.entity("clicks").changelog)).to_pyarrow_table()
+    assert sorted(changelog["offset"].to_pylist()) == list(range(600))
+    assert verify(lake.entity("clicks")) == [] and verify(lake.entity("users")) == []

@@ -21,14 +21,27 @@ def of_frames(stream: str, last_offset: int) -> dict[str, str]:
     return {"source": stream, "kind": "lakefeed/spool-offset", "value": str(last_offset + 1)}
 
 
-def of_messages(stream: str, batch: pa.Table) -> dict[str, str] | None:
-    """`{"topic": {"partition": next offset}}`; None when the batch does not carry the coordinates."""
+def message_ends(batch: pa.Table) -> dict[str, dict[str, int]]:
+    """`{topic: {partition: next offset}}` of some messages (a task's part of a batch); {} without coordinates."""
     if not {"topic", "partition", "offset"} <= set(batch.column_names) or batch.num_rows == 0:
-        return None
+        return {}
     last = batch.group_by(["topic", "partition"]).aggregate([("offset", "max")])
-    ends: dict[str, dict[str, Any]] = {}
+    ends: dict[str, dict[str, int]] = {}
     for topic, partition, offset in zip(last.column("topic").to_pylist(), last.column("partition").to_pylist(),
                                         pc.add(last.column("offset_max"), 1).to_pylist(), strict=True):
         ends.setdefault(str(topic), {})[str(partition)] = offset
+    return ends
+
+
+def of_messages(stream: str, parts: Sequence[dict[str, dict[str, int]]]) -> dict[str, str] | None:
+    """Where a Kafka batch ends, from its parts' `message_ends`; None when they carry no coordinates."""
+    ends: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for topic, partitions in part.items():
+            for partition, offset in partitions.items():
+                known = ends.setdefault(topic, {})
+                known[partition] = max(offset, known.get(partition, offset))
+    if not ends:
+        return None
     value = json.dumps({t: dict(sorted(p.items(), key=lambda kv: int(kv[0]))) for t, p in sorted(ends.items())})
     return {"source": stream, "kind": "lakefeed/kafka-offsets", "value": value}

@@ -38,7 +38,7 @@ from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks import delta_log
 from lakefeed.inbox.storage import Storage
-from lakefeed.odf import keys, multiformats
+from lakefeed.odf import keys, multiformats, slices
 from lakefeed.odf.blocks import (
     AddData,
     AddPushSource,
@@ -191,10 +191,8 @@ class OdfChain:
                            expected=expected, hint="the changelog's offsets are not contiguous: run lakefeed verify")
             self._stuck = commit.version
             return False
-        table, data, source = self._slice_of(commit)
-        physical_of = _HASHER.submit(multiformats.sha3, data)  # beside the logical hash: SHA3 frees the GIL
         try:
-            fields, logical = data_schema(table.schema), logical_multihash(table)
+            fields, logical, physical, size, written = self._facts(commit)
         except ValueError as exc:  # data ODF cannot describe or hash: the chain stops here, ingestion goes on
             if self._stuck != commit.version:
                 _log.error("odf.slice_refused", entity=self.cfg.name, version=commit.version, error=str(exc),
@@ -206,20 +204,33 @@ class OdfChain:
                                        not self._holds(state.schema_block, SetDataSchema(fields))):
             self._append(state, SetDataSchema(fields), clock.now())
         self._schema = fields
+        watermark = clock.from_cdm(commit.meta[WATERMARK_KEY]) if commit.meta.get(WATERMARK_KEY) else None
+        if state.watermark is not None and (watermark is None or watermark < state.watermark):
+            watermark = state.watermark  # carried, never moved back
+        event = AddData(prev_offset=state.last_offset,
+                        new_data=DataSlice(logical, physical, commit.first, commit.last, size),
+                        new_watermark=watermark, new_source_state=_source_state(commit.meta.get(SOURCE_STATE_KEY)))
+        self._append(state, event, written or clock.now())
+        return True
+
+    def _facts(self, commit: Commit) -> tuple[tuple, bytes, bytes, int, datetime | None]:
+        """(schema fields, logical hash, physical hash, size, latest system_time) of a slice, its data stored in the
+        dataset: as the task that wrote its file described it (odf/slices.py), or read back and hashed here."""
+        path = commit.files[0][3]
+        known = slices.described(commit.meta, path.removeprefix(self._changelog_root.rstrip("/") + "/")) \
+            if len(commit.files) == 1 else None
+        if known is not None:
+            self.store.link_data(known.physical, path)
+            return data_schema(known.schema), known.logical, known.physical, known.size, known.written
+        table, data, source = self._slice_of(commit)
+        physical_of = _HASHER.submit(multiformats.sha3, data)  # beside the logical hash: SHA3 frees the GIL
+        fields, logical = data_schema(table.schema), logical_multihash(table)
         physical = physical_of.result()
         if source is not None:
             self.store.link_data(physical, source)
         else:
             self.store.put_data(physical, data)
-        watermark = clock.from_cdm(commit.meta[WATERMARK_KEY]) if commit.meta.get(WATERMARK_KEY) else None
-        if state.watermark is not None and (watermark is None or watermark < state.watermark):
-            watermark = state.watermark  # carried, never moved back
-        written = pc.max(table.column("system_time")).as_py()
-        event = AddData(prev_offset=state.last_offset,
-                        new_data=DataSlice(logical, physical, commit.first, commit.last, len(data)),
-                        new_watermark=watermark, new_source_state=_source_state(commit.meta.get(SOURCE_STATE_KEY)))
-        self._append(state, event, written or clock.now())
-        return True
+        return fields, logical, physical, len(data), pc.max(table.column("system_time")).as_py()
 
     def _slice_of(self, commit: Commit) -> tuple[pa.Table, bytes, str | None]:
         """The slice's rows and bytes, and the file they are (None: several files, joined into new bytes)."""

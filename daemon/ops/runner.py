@@ -38,7 +38,7 @@ from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
-from lakefeed.ops.spark import SparkSpread
+from lakefeed.ops.spark import FrameParts, SparkSpread
 from lakefeed.pipeline.commit import BatchResult, Sinks
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import store_fault
@@ -223,8 +223,8 @@ class EntityRunner:
     def _kafka_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
         source = self.cfg.kafka_source(stream)
         assert source is not None
-        messages = frame.select(*decoded_columns(source)).toArrow()
-        self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, messages, batch_id), None)
+        parts = FrameParts(frame.select(*decoded_columns(source)))  # decoded where Spark reads them
+        self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, parts, batch_id), None)
 
     def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
         started = time.monotonic()

@@ -9,12 +9,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
 
 from lakefeed.config.model import SparkConfig
 from lakefeed.connectors.sources.kafka_source import KafkaDataSource
@@ -113,6 +115,40 @@ class SparkSpread:
             if failed:
                 raise value
         return [value for _, value in outcomes]
+
+
+class FrameParts:
+    """A micro-batch's DataFrame as `tasks.Parts`: each partition's rows go to `work` in the task that reads them
+    (mapInArrow); only what `work` returns, pickled, comes back to the driver."""
+
+    def __init__(self, frame: DataFrame) -> None:
+        self._frame = frame
+
+    def map(self, work: Callable[[pa.Table, int], Out], whole: bool, description: str) -> list[Out]:
+        frame = self._frame.coalesce(1) if whole else self._frame
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            chunks = list(batches)  # a partition without rows may have no batch at all
+            rows = pa.Table.from_batches(chunks) if chunks else None
+            if rows is not None and rows.num_rows:
+                part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+                outcome = pickle.dumps(_captured(lambda r: work(r, part), rows))
+                yield pa.RecordBatch.from_pydict({"part": [part], "outcome": [outcome]}, schema=_OUTCOMES)
+
+        frame.sparkSession.sparkContext.setJobDescription(description)
+        try:
+            collected = frame.mapInArrow(run, "part int, outcome binary").collect()
+        finally:
+            frame.sparkSession.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+        # Pickled by this daemon's own tasks, as Spark's own results are.
+        outcomes = [pickle.loads(row.outcome) for row in sorted(collected, key=lambda row: row.part)]  # noqa: S301
+        for failed, value in outcomes:
+            if failed:
+                raise value
+        return [value for _, value in outcomes]
+
+
+_OUTCOMES = pa.schema([("part", pa.int32()), ("outcome", pa.binary())])
 
 
 def _captured(work: Callable[[Job], Out], job: Job) -> tuple[bool, Any]:

@@ -31,6 +31,7 @@ from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
+from lakefeed.odf import slices
 from lakefeed.pipeline import tasks
 from lakefeed.pipeline.staging import Staging, runs
 from lakefeed.pipeline.tasks import Spread, Staged
@@ -79,6 +80,7 @@ class BatchResult:
     watermark: datetime | None = None
     partitions: list[dict[str, Any]] = field(default_factory=list)
     source_state: dict[str, str] | None = None  # where the batch ends in its source (the ODF chain records it)
+    workers: list[str] = field(default_factory=list)  # host:pid of the tasks that read its rows
 
 
 class ChangelogOffsets:
@@ -125,6 +127,8 @@ class Committer:
         meta = self._meta(batch_id)
         if snapshot is not None:
             meta[SNAPSHOT_KEY] = snapshot.current
+        if result.workers:
+            meta["lakefeed.workers"] = json.dumps(result.workers)
         if self.cfg.cdc.keyed and data is not None:
             data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
             bad = [*bad, *bad_kinds]
@@ -167,7 +171,7 @@ class Committer:
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
                   quarantined=len(bad), unmatched=result.unmatched, late=result.late,
-                  deletes_of_absent=result.deletes_of_absent, stale=result.stale,
+                  deletes_of_absent=result.deletes_of_absent, stale=result.stale, workers=result.workers or None,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
     def _meta(self, batch_id: int) -> dict[str, str]:
@@ -254,7 +258,9 @@ class Committer:
         if first is not None:
             files = [f for w in written for f in w.changelog]
             shape = build_changelog(empty, first, batch_id, checked_at).schema
-            self.sinks.changelog.commit_files(files, shape, self.app_id, batch_id, {**changelog_meta, **placed})
+            described = {slices.KEY: json.dumps(dict(s for w in written for s in w.slices))}
+            self.sinks.changelog.commit_files(files, shape, self.app_id, batch_id,
+                                              {**changelog_meta, **placed, **described})
             self._offsets.next = first + sum(s.rows for s in staged)
             failpoints.reached("commit.changelog")
         if table_due:

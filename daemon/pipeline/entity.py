@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
-from lakefeed.batch import cdc, event_time, frames, messages, positions
+from lakefeed.batch import cdc, positions
 from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings
 from lakefeed.batch.provenance import file_schema
-from lakefeed.batch.read import conform
 from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
 from lakefeed.connectors.sinks import cdm_manifest
@@ -144,52 +144,64 @@ class EntityPipeline:
             return result
         checked_at = clock.now()
         target = file_schema(self.sinks.table.schema(), {})
-        data, bad = frames.rows_of(self.cfg, stream, entries, target, checked_at)
+        # Tasks decode the frames (daemon/pipeline/tasks.py); without a table yet, the first frame fixes the types
+        # the others must fit, so that batch is one task.
+        runs = min(len(entries), 2 * self.spread.width) if target is not None else 1
+        size = -(-len(entries) // runs)
+        watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
+        staging = committer.staging.url(batch_id)
+        jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging)
+                for i in range(0, len(entries), size)]
+        staged = self.spread.map(tasks.stage_frames, jobs, f"lakefeed {self.cfg.name} {stream} batch {batch_id}: read")
         result.files += len(entries)
         result.source_state = positions.of_frames(stream, entries[-1].offset)
-        snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") if self.cfg.cdc.strategy == "snapshot" \
-            else None
-        commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
+        self._go_on()
+        if not self.cfg.cdc.keyed:
+            park_staged(committer, self.spread, staged, result, checked_at, log_)
+        else:
+            snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
+                if self.cfg.cdc.strategy == "snapshot" else None
+            self._commit_keyed(committer, staged, result, checked_at, log_, snapshot)
         self._manifests()
         return result
 
-    def process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
-        """A micro-batch of a Kafka source: the messages as Arrow (topic, partition, offset, key, value, …)."""
+    def process_messages(self, stream: str, parts: tasks.Parts, batch_id: int) -> BatchResult:
+        """A micro-batch of a Kafka source: its messages (topic, partition, offset, key, value, …) where they are."""
         with self._lock:
             try:
-                return self._process_messages(stream, batch, batch_id)
+                return self._process_messages(stream, parts, batch_id)
             finally:
                 self._table_changed()
 
-    def _process_messages(self, stream: str, batch: pa.Table, batch_id: int) -> BatchResult:
+    def _process_messages(self, stream: str, parts: tasks.Parts, batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
         log_ = _log.bind(entity=self.cfg.name, stream=stream, batch_id=batch_id)
         committer = self.committer(stream)
-        if batch.num_rows == 0:
-            return result
         if committer.all_done(batch_id):
-            log_.info("batch.replay_skipped", messages=batch.num_rows)
+            log_.info("batch.replay_skipped")
             result.skipped = True
             return result
         checked_at = clock.now()
-        source = self.cfg.kafka_source(stream)
-        assert source is not None
-        rows, bad, tombstones = messages.decode(batch, source, self.cfg.cdc.debezium)
-        if tombstones:
+        target = file_schema(self.sinks.table.schema(), {})
+        watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
+        job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id))
+        # Tasks decode the messages where Spark read them; without a table yet, the first types found are the ones
+        # the others must fit, so that batch is one part.
+        outs = parts.map(partial(tasks.stage_messages, job), target is None,
+                         f"lakefeed {self.cfg.name} {stream} batch {batch_id}: decode")
+        result.files = sum(o.messages for o in outs)
+        if not result.files:
+            return result
+        if tombstones := sum(o.tombstones for o in outs):
             log_.info("kafka.tombstones_skipped", messages=tombstones)
-        result.files = batch.num_rows
-        result.source_state = positions.of_messages(stream, batch)
-        data = None
-        if rows is not None:
-            read = conform(rows, file_schema(self.sinks.table.schema(), {}))
-            bad.extend((f"kafka/{stream}", b) for b in read.bad)
-            data = read.table
-            assert data is not None
-            if self.cfg.cdc.keyed:
-                data = cdc.tag(data, cdc.file_kind(self.cfg.cdc, None), batch_id)
-            data, bad_times = event_time.stamp(data, self.cfg.event_time, "", 0, checked_at)
-            bad.extend((f"kafka/{stream}", b) for b in bad_times)
-        commit_or_park(committer, data, bad, result, checked_at, log_)
+        result.source_state = positions.of_messages(stream, [o.ends for o in outs])
+        staged = [o.staged for o in outs]
+        self._go_on()
+        if not self.cfg.cdc.keyed:
+            park_staged(committer, self.spread, staged, result, checked_at, log_)
+        else:  # the batch's messages are one source, ordered by (topic, partition, offset)
+            kind = cdc.file_kind(self.cfg.cdc, None)
+            self._commit_keyed(committer, staged, result, checked_at, log_, None, kind=kind)
         self._manifests()
         return result
 
@@ -245,22 +257,32 @@ class EntityPipeline:
         self._go_on()
         if not self.cfg.cdc.keyed:  # the tasks write the tables' files too; this process commits them
             park_staged(committer, self.spread, found, result, checked_at, log_)
-        else:  # the keyed reduction and the MERGE (delta-rs) run here, on the staged rows
-            tables = [tasks.read_staged(self.cfg, s.path) for s in found if s.path]
-            data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-            bad = [b for s in found for b in s.bad]
-            snapshot = None
+        else:
+            snapshot, retracted = None, []
             if self.cfg.cdc.strategy == "snapshot":
                 read = {s.offset: partition_of[s.offset] for s in found}
                 recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
                 snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
-                if retracted and data is not None:  # their rows, read before they went, are not the state either
-                    gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
-                    data = data.filter(pc.invert(gone))
-            commit_or_park(committer, data, bad, result, checked_at, log_, snapshot)
-            committer.staging.drop(batch_id)
+            self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted)
         self._manifests(records[-1].offset + 1)
         return result
+
+    def _commit_keyed(self, committer: Committer, staged: list[tasks.Staged], result: BatchResult,
+                      checked_at: datetime, log_, snapshot: cdc.Snapshot | None, retracted: Sequence[str] = (),
+                      kind: str | None = None) -> None:
+        """The keyed reduction and the MERGE (delta-rs) run here, on the rows tasks staged; `retracted`: files
+        whose rows, read before the files went, are not the state either; `kind`: rows not tagged yet, one source
+        of that kind."""
+        tables = [tasks.read_staged(self.cfg, s.path) for s in staged if s.path]
+        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        if kind is not None and data is not None:
+            data = cdc.tag(data, kind, result.batch_id)
+        if retracted and data is not None:
+            gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
+            data = data.filter(pc.invert(gone))
+        result.workers = sorted({s.worker for s in staged if s.worker})
+        commit_or_park(committer, data, [b for s in staged for b in s.bad], result, checked_at, log_, snapshot)
+        committer.staging.drop(result.batch_id)
 
     def _stage(self, committer: Committer, matched: list[tuple[InboxRecord, Partition]], target: pa.Schema | None,
                checked_at: datetime, watermark: datetime | None, batch_id: int) -> list[tasks.Staged]:

@@ -1,4 +1,4 @@
-"""What a file batch's tasks leave behind them, and its removal: the rows they staged (beside the changelog, where
+"""What a batch's tasks leave behind them, and its removal: the rows they staged (beside the changelog, where
 every executor reaches) and files of attempts that were never committed (named after the query, batch and attempt
 that wrote them: connectors/sinks/data_files.py)."""
 

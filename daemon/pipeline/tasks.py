@@ -1,12 +1,14 @@
-"""The row work of a file batch, as tasks: where they run is the `Spread`'s business (Spark's executors in the
-daemon, threads of this process without Spark).
+"""The row work of a batch, as tasks: where they run is the `Spread`'s (or the `Parts`') business: Spark's executors
+in the daemon, this process without Spark.
 
 Two stages, so that changelog offsets are dense and deterministic whatever order tasks finish in, and however
 often one is retried:
-1. `stage`, one task per run of landed files: read each and take its rows as a batch does (daemon/batch/file_rows.py),
-   late rows set apart, and write its rows to the batch's staging folder (Arrow IPC, beside the changelog) under a
-   name the file's inbox offset fixes. It returns counts, bad rows, the schema and the latest event time.
-2. `write`, one task per run of staged files in inbox order: the driver has summed the counts, so each run knows
+1. stage: read the batch's rows and take them as a batch does (conformed, tagged, stamped, late rows set apart),
+   and write them to the batch's staging folder (Arrow IPC, beside the changelog) under a name their place in
+   the batch fixes. It returns counts, bad rows, the schema and the latest event time (`Staged`). `stage`: a run
+   of landed files (daemon/batch/file_rows.py); `stage_frames`: a run of push frames; `stage_messages`: a
+   partition of a Kafka batch, in the task that read it.
+2. `write`, one task per run of staged parts in order: the driver has summed the counts, so each run knows
    its first changelog offset. It writes the changelog's and the table's Parquet files straight into their
    tables' folders and returns only their add actions (connectors/sinks/data_files.py).
 The driver commits those actions; nothing a task wrote is in a table until then.
@@ -27,16 +29,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
-from lakefeed.batch import cdc, event_time
+from lakefeed.batch import cdc, event_time, frames, messages, positions
 from lakefeed.batch.changelog import build_changelog, data_columns
 from lakefeed.batch.discovery import Partition
 from lakefeed.batch.file_rows import read_file
-from lakefeed.batch.read import BadRow
+from lakefeed.batch.read import BadRow, conform
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.inbox.files import InboxRecord
+from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Storage
+from lakefeed.odf import slices
 
 _log = log.get(__name__)
 Job = TypeVar("Job")
@@ -59,6 +63,24 @@ class InProcess:
 
     def map(self, work: Callable[[Job], Out], jobs: list[Job], description: str) -> list[Out]:
         return list(self._pool.map(work, jobs))
+
+
+class Parts(Protocol):
+    """A micro-batch's rows where they are, in parts: a Kafka batch's DataFrame partitions on the executors (Spark),
+    or a table in this process."""
+
+    def map(self, work: Callable[[pa.Table, int], Out], whole: bool, description: str) -> list[Out]:
+        """`work(rows, part)` of every part that has rows, in the parts' order; `whole`: all rows in one part."""
+
+
+class Here:
+    """Rows in this process, as one part."""
+
+    def __init__(self, rows: pa.Table) -> None:
+        self._rows = rows
+
+    def map(self, work: Callable[[pa.Table, int], Out], whole: bool, description: str) -> list[Out]:
+        return [work(self._rows, 0)] if self._rows.num_rows else []
 
 
 def worker() -> tuple[str, int]:
@@ -101,34 +123,99 @@ def stage(job: StageJob) -> list[Staged]:
 
 
 def _stage_one(job: StageJob, store: Storage, rec: InboxRecord, partition: Partition, where: str) -> Staged:
-    cfg = job.cfg
-    log_ = _log.bind(entity=cfg.name)
-    read = read_file(cfg, store, rec, partition, job.target, job.checked_at, log_)
+    log_ = _log.bind(entity=job.cfg.name)
+    read = read_file(job.cfg, store, rec, partition, job.target, job.checked_at, log_)
     if read is None:
         return Staged(rec.offset, partition.location, False, worker=where)
     location, table, file_bad = read
-    bad = [(location, b) for b in file_bad]
+    return _staged(job.cfg, store, rec.offset, location, table, [(location, b) for b in file_bad], job.watermark,
+                   job.staging, where, log_.bind(file=rec.path))
+
+
+@dataclass(frozen=True)
+class FramesJob:
+    cfg: EntityConfig
+    stream: str
+    entries: tuple[Entry, ...]  # a run of the batch's push frames (spool entries), in offset order
+    target: pa.Schema | None
+    checked_at: datetime
+    watermark: datetime | None
+    staging: str
+
+
+def stage_frames(job: FramesJob) -> Staged:
+    """A run of push frames: decoded from the spool, conformed, tagged and stamped (daemon/batch/frames.py), staged
+    under the name of its first frame's offset."""
+    where, _ = worker()
+    first = job.entries[0].offset
+    table, bad = frames.rows_of(job.cfg, job.stream, job.entries, job.target, job.checked_at)
+    return _staged(job.cfg, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad, job.watermark,
+                   job.staging, where, _log.bind(entity=job.cfg.name, stream=job.stream))
+
+
+@dataclass(frozen=True)
+class MessagesJob:
+    cfg: EntityConfig
+    stream: str
+    target: pa.Schema | None
+    checked_at: datetime
+    watermark: datetime | None
+    staging: str
+
+
+@dataclass(frozen=True)
+class StagedMessages:
+    staged: Staged
+    messages: int
+    tombstones: int
+    ends: dict[str, dict[str, int]]  # positions.message_ends of the part
+
+
+def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessages:
+    """A part of a Kafka batch: values decoded and conformed, event time stamped (a keyed entity's CDC tags are
+    the driver's: their order spans the batch), staged under the part's number."""
+    where, _ = worker()
+    cfg = job.cfg
+    source = cfg.kafka_source(job.stream)
+    assert source is not None
+    rows, bad, tombstones = messages.decode(batch, source, cfg.cdc.debezium)
+    data = None
+    if rows is not None:
+        read = conform(rows, job.target)
+        bad.extend((f"kafka/{job.stream}", b) for b in read.bad)
+        data = read.table
+        assert data is not None
+        data, bad_times = event_time.stamp(data, cfg.event_time, "", 0, job.checked_at)
+        bad.extend((f"kafka/{job.stream}", b) for b in bad_times)
+    staged = _staged(cfg, Storage(cfg.storage), part, f"kafka/{job.stream}", data, bad, job.watermark, job.staging,
+                     where, _log.bind(entity=cfg.name, stream=job.stream))
+    return StagedMessages(staged, batch.num_rows, tombstones, positions.message_ends(batch))
+
+
+def _staged(cfg: EntityConfig, store: Storage, offset: int, location: str, table: pa.Table | None,
+            bad: list[tuple[str, BadRow]], watermark: datetime | None, staging: str, where: str, log_) -> Staged:
+    """Rows read by a task: late ones set apart (an append entity's; a keyed one's are the commit's), the rest
+    written to the batch's staging folder."""
     late = 0
     if table is not None and cfg.event_time.late_policy != "apply":
-        mask = event_time.late_mask(table, job.watermark)
+        mask = event_time.late_mask(table, watermark)
         if mask.any():
             late = int(mask.sum())
             if cfg.event_time.late_policy == "quarantine":
-                reason = f"late: event time behind the watermark {clock.to_cdm(job.watermark)}"  # type: ignore[arg-type]
+                reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
                 bad.extend(cdc.bad_rows(table.filter(pa.array(mask)), reason))
             else:
-                log_.info("rows.late_dropped", file=rec.path, rows=late,
-                          watermark=clock.to_cdm(job.watermark))  # type: ignore[arg-type]
+                log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
             table = table.filter(pa.array(~mask))
     if table is None:
-        return Staged(rec.offset, location, True, bad=tuple(bad), late=late, worker=where)
-    url = f"{job.staging}/{rec.offset}.arrow"
+        return Staged(offset, location, True, bad=tuple(bad), late=late, worker=where)
+    url = f"{staging}/{offset}.arrow"
     fs, path = store.fs_of(url)
     fs.create_dir(posixpath.dirname(path), recursive=True)
     with fs.open_output_stream(path) as stream, pa.ipc.new_file(stream, table.schema) as writer:
         writer.write_table(table)
     latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
-    return Staged(rec.offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
+    return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
 
 
 @dataclass(frozen=True)
@@ -149,6 +236,7 @@ class Written:
     table: tuple[DataFile, ...]
     worker: str
     retried: bool  # an earlier attempt of the task failed (and may have left files)
+    slices: tuple[tuple[str, dict], ...] = ()  # each changelog file's ODF slice (odf/slices.py), by its path
 
 
 def write(job: WriteJob) -> Written:
@@ -160,15 +248,18 @@ def write(job: WriteJob) -> Written:
     name = f"{job.name}-a{attempt}"
     changelog: list[DataFile] = []
     table: list[DataFile] = []
+    described: list[tuple[str, dict]] = []
     if job.first_offset is not None:
         out, root = store.fs_of(cfg.changelog)
         changelog = data_files.write(out, root, build_changelog(rows, job.first_offset, job.batch_id, job.checked_at),
                                      name, unique_columns=("offset",))
+        # Hashed here, where the file was just written: the driver's chain need not read it back.
+        described = [(f.path, d) for f in changelog if (d := slices.describe(out, posixpath.join(root, f.path)))]
     if job.table:
         out, root = store.fs_of(cfg.table)
         table = data_files.write(out, root, data_columns(rows), name, partition_by=cfg.partition_by)
     failpoints.reached("task.written")  # files written, not returned: a retry writes others, these are swept
-    return Written(tuple(changelog), tuple(table), where, attempt > 0)
+    return Written(tuple(changelog), tuple(table), where, attempt > 0, tuple(described))
 
 
 def read_staged(cfg: EntityConfig, path: str) -> pa.Table:
