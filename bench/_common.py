@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,47 @@ def cpu_of(pid: int) -> tuple[int, float]:
     if sid == pid and is_intake(pid):
         sid = int(fields[1])  # its parent, the daemon, leads the daemon's session
     return sid, cpu
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    ppid: int
+    cpu: float  # seconds of user and system time, its own (not its reaped children's)
+    cmdline: bytes
+    pss_mib: float = 0.0  # read only when asked for (smaps_rollup is slow to read)
+
+
+def session_processes(session: int, pss: bool = False) -> dict[int, Process]:
+    """Every process of a daemon's session now, by pid: its own session's and the children that lead one of their
+    own (a lakefeed intake: daemon/ops/supervisor.py)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text(encoding="ascii", errors="replace")
+            fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 (state)
+            if session not in (int(fields[3]), int(fields[1])):
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text(encoding="ascii") if pss else ""
+        except OSError:
+            continue  # gone meanwhile
+        kib = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[int(entry)] = Process(int(entry), int(fields[1]), cpu, cmdline, kib / 1024)
+    return out
+
+
+def descends_from(pid: int, procs: dict[int, Process], ancestor: Callable[[Process], bool]) -> bool:
+    """Whether one of the process's ancestors among `procs` is one that `ancestor` picks."""
+    parent = procs[pid].ppid if pid in procs else 0
+    while parent in procs:
+        if ancestor(procs[parent]):
+            return True
+        parent = procs[parent].ppid
+    return False
 
 
 def is_intake(pid: int) -> bool:

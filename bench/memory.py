@@ -41,11 +41,14 @@ import yaml
 from _common import (  # bench/ is the script folder, so on sys.path
     BenchError,
     Deadline,
+    Process,
+    descends_from,
     kill_group,
     log_tail,
     parse_args,
     publish,
     say,
+    session_processes,
     stop_daemon,
     workdir,
 )
@@ -89,40 +92,25 @@ def config(work: Path, entities: int, port: int) -> Path:
 
 def pss_by_kind(session: int) -> dict[str, float]:
     """MiB of PSS of each kind of process in the daemon's session."""
-    procs = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text(encoding="ascii", errors="replace")
-            fields = stat[stat.rfind(")") + 2:].split()
-            if session not in (int(fields[3]), int(fields[1])):  # the intake leads a session of its own
-                continue
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text(encoding="ascii")
-        except OSError:
-            continue
-        pss = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-        procs[int(entry)] = (int(fields[1]), cmdline, pss / 1024)
+    procs = session_processes(session, pss=True)
     totals = dict.fromkeys(KINDS, 0.0)
-    for pid, (_, cmdline, mib) in procs.items():
-        totals[_kind(pid, cmdline, procs, session)] += mib
+    for proc in procs.values():
+        totals[_kind(proc, procs, session)] += proc.pss_mib
     return totals
 
 
-def _kind(pid: int, cmdline: bytes, procs: dict, session: int) -> str:
-    if pid == session:
+def _is_java(proc: Process) -> bool:
+    return b"java" in proc.cmdline.split(b"\0")[0]
+
+
+def _kind(proc: Process, procs: dict[int, Process], session: int) -> str:
+    if proc.pid == session:
         return "driver"
-    if b"lakefeed.intake.process" in cmdline:
+    if b"lakefeed.intake.process" in proc.cmdline:
         return "intake"
-    if b"java" in cmdline.split(b"\0")[0]:
+    if _is_java(proc):
         return "driver_jvm"
-    parent = procs.get(pid, (0,))[0]
-    while parent in procs:
-        if b"java" in procs[parent][1].split(b"\0")[0]:
-            return "python_workers"
-        parent = procs[parent][0]
-    return "other"
+    return "python_workers" if descends_from(proc.pid, procs, _is_java) else "other"
 
 
 def push(port: int, entity: str, first: int) -> None:

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import pyarrow as pa
 from _common import (  # bench/ is the script folder, so on sys.path
-    CLK_TCK,
     BenchError,
     Deadline,
+    Process,
+    descends_from,
     kill_group,
     log_events,
     log_tail,
@@ -41,6 +42,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     publish,
     ratio,
     say,
+    session_processes,
     stop_daemon,
     workdir,
 )
@@ -85,37 +87,24 @@ class Sampler:
         self._sample()
 
     def _sample(self) -> None:
-        stats = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text(encoding="ascii", errors="replace")
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if int(fields[3]) != self.session:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK, cmdline)
-        for pid, (_, cpu, cmdline) in stats.items():
-            self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
+        procs = session_processes(self.session)
+        for pid, proc in procs.items():
+            self.cpu[pid] = max(proc.cpu, self.cpu.get(pid, 0.0))
             if pid not in self.kind:
-                self.kind[pid] = self._kind(pid, cmdline, stats)
+                self.kind[pid] = self._kind(proc, procs)
 
-    def _kind(self, pid: int, cmdline: bytes, stats: dict[int, tuple[int, float, bytes]]) -> str:
-        if pid == self.session:
+    def _kind(self, proc: Process, procs: dict[int, Process]) -> str:
+        if proc.pid == self.session:
             return "driver"
-        if b"CoarseGrainedExecutorBackend" in cmdline:
+        if _is_executor(proc):
             return "executor_jvm"
-        if b"SparkSubmit" in cmdline:
+        if b"SparkSubmit" in proc.cmdline:
             return "driver_jvm"
-        parent = stats.get(pid, (0,))[0]
-        while parent in stats:
-            if b"CoarseGrainedExecutorBackend" in stats[parent][2]:
-                return "executor_python"
-            parent = stats[parent][0]
-        return "driver_side_python"
+        return "executor_python" if descends_from(proc.pid, procs, _is_executor) else "driver_side_python"
+
+
+def _is_executor(proc: Process) -> bool:
+    return b"CoarseGrainedExecutorBackend" in proc.cmdline
 
 
 def chained(log_path: Path, last_offset: int) -> bool:

@@ -201,10 +201,17 @@ class Committer:
                                                         "ids": list(self.cfg.format.ids)})
         return table_meta, changelog_meta
 
+    def plan_whole(self, batch_id: int) -> tasks.Then:
+        """The write of an append batch that is one task, for that task to do."""
+        changelog_due = not self.done(self.sinks.changelog, batch_id)
+        return tasks.Then(self._offsets.start() if changelog_due else None, not self.done(self.sinks.table, batch_id),
+                          batch_id, self.staging.name(batch_id, 0))
+
     def commit_staged(self, spread: Spread, staged: list[Staged], result: BatchResult, checked_at: datetime,
-                      log_: Any) -> None:
+                      log_: Any, whole: tasks.Whole | None = None) -> None:
         """Commit an append batch whose files tasks read and staged (daemon/pipeline/tasks.py): tasks write the
-        changelog's and the table's files, this process commits them, each table once."""
+        changelog's and the table's files (`whole`: the batch's only task wrote them already), this process commits
+        them, each table once."""
         batch_id = result.batch_id
         meta = self._meta(batch_id)
         bad = [b for s in staged for b in s.bad]
@@ -222,7 +229,7 @@ class Committer:
         table_meta, changelog_meta = self._metas(meta, result, checked_at, new_watermark)
         try:
             workers = self._write_staged(spread, [s for s in staged if s.rows], batch_id, table_meta, changelog_meta,
-                                         checked_at, log_)
+                                         checked_at, log_, whole)
         except BaseException:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
@@ -231,10 +238,10 @@ class Committer:
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
     def _write_staged(self, spread: Spread, staged: list[Staged], batch_id: int, table_meta: dict[str, str],
-                      changelog_meta: dict[str, str], checked_at: datetime, log_: Any) -> list[str]:
-        changelog_due = bool(staged) and not self.done(self.sinks.changelog, batch_id)
-        table_due = not self.done(self.sinks.table, batch_id)
+                      changelog_meta: dict[str, str], checked_at: datetime, log_: Any,
+                      whole: tasks.Whole | None) -> list[str]:
         workers = sorted({s.worker for s in staged})
+        table_due = whole.then.table if whole is not None else not self.done(self.sinks.table, batch_id)
         if not staged:  # files without rows: the table still records their partitions
             schema = self.sinks.table.schema()
             if table_due and schema is not None:
@@ -243,15 +250,12 @@ class Committer:
                 log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
             return workers
         schema = pa.unify_schemas([s.schema for s in staged if s.schema is not None], promote_options="permissive")
-        first = self._offsets.start() if changelog_due else None
-        jobs, offset = [], first
-        for n, run in enumerate(runs(staged, spread.width)):
-            name = self.staging.name(batch_id, n)
-            jobs.append(tasks.WriteJob(self.cfg, tuple(s.path for s in run if s.path), schema, offset,
-                                       table_due, batch_id, checked_at, name))
-            if offset is not None:
-                offset += sum(s.rows for s in run)
-        written = spread.map(tasks.write, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: write")
+        if whole is not None:
+            first = whole.then.first_offset
+            written = [whole.written] if whole.written is not None else []
+        else:
+            first = self._offsets.start() if not self.done(self.sinks.changelog, batch_id) else None
+            written = self._write_runs(spread, staged, schema, first, table_due, batch_id, checked_at)
         workers = sorted({*workers, *(w.worker for w in written)})
         placed = {"lakefeed.workers": json.dumps(workers)}
         empty = schema.empty_table()
@@ -269,6 +273,17 @@ class Committer:
                                           {**table_meta, **placed})
         self.staging.tidy(batch_id, written, self.sinks.changelog, self.sinks.table, log_)
         return workers
+
+    def _write_runs(self, spread: Spread, staged: list[Staged], schema: pa.Schema, first: int | None,
+                    table_due: bool, batch_id: int, checked_at: datetime) -> list[tasks.Written]:
+        jobs, offset = [], first
+        for n, run in enumerate(runs(staged, spread.width)):
+            name = self.staging.name(batch_id, n)
+            jobs.append(tasks.WriteJob(self.cfg, tuple(s.path for s in run if s.path), schema, offset,
+                                       table_due, batch_id, checked_at, name))
+            if offset is not None:
+                offset += sum(s.rows for s in run)
+        return spread.map(tasks.write, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: write")
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
                 checked_at: datetime, log_: Any) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,6 +40,7 @@ from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
 
 _log = log.get(__name__)
+FRAME_ROWS_PER_TASK = 50_000  # fewer rows decode faster in this batch's one task than Spark starts another
 
 
 class EntityPipeline:
@@ -144,20 +146,22 @@ class EntityPipeline:
             return result
         checked_at = clock.now()
         target = file_schema(self.sinks.table.schema(), {})
-        # Tasks decode the frames (daemon/pipeline/tasks.py); without a table yet, the first frame fixes the types
-        # the others must fit, so that batch is one task.
-        runs = min(len(entries), 2 * self.spread.width) if target is not None else 1
+        # Tasks decode the frames (daemon/pipeline/tasks.py), a task per FRAME_ROWS_PER_TASK rows or so; without a
+        # table yet, the first frame fixes the types the others must fit, so that batch is one task.
+        rows = sum(e.rows for e in entries)
+        runs = max(1, min(len(entries), 2 * self.spread.width, -(-rows // FRAME_ROWS_PER_TASK))) \
+            if target is not None else 1
         size = -(-len(entries) // runs)
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
         staging = committer.staging.url(batch_id)
         jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging)
                 for i in range(0, len(entries), size)]
-        staged = self.spread.map(tasks.stage_frames, jobs, f"lakefeed {self.cfg.name} {stream} batch {batch_id}: read")
+        staged, whole = self._read(committer, tasks.stage_frames, jobs, batch_id, stream)
         result.files += len(entries)
         result.source_state = positions.of_frames(stream, entries[-1].offset)
         self._go_on()
         if not self.cfg.cdc.keyed:
-            park_staged(committer, self.spread, staged, result, checked_at, log_)
+            park_staged(committer, self.spread, staged, result, checked_at, log_, whole)
         else:
             snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
                 if self.cfg.cdc.strategy == "snapshot" else None
@@ -239,7 +243,7 @@ class EntityPipeline:
                     also[rec.offset] = other  # listed in both lists, as the CDM SDK would (ingested once)
         # Tasks read the files (daemon/pipeline/tasks.py); an append batch's late rows are set apart there.
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
-        staged = self._stage(committer, matched, target, checked_at, watermark, batch_id)
+        staged, whole = self._stage(committer, matched, target, checked_at, watermark, batch_id)
         staged_of = {s.offset: s for s in staged if s.found}
         partition_of = {rec.offset: partition for rec, partition in matched}
         for rec in records:  # in inbox order: a removal and a new version of one object stay in order
@@ -256,7 +260,7 @@ class EntityPipeline:
         failpoints.reached("batch.discovered")
         self._go_on()
         if not self.cfg.cdc.keyed:  # the tasks write the tables' files too; this process commits them
-            park_staged(committer, self.spread, found, result, checked_at, log_)
+            park_staged(committer, self.spread, found, result, checked_at, log_, whole)
         else:
             snapshot, retracted = None, []
             if self.cfg.cdc.strategy == "snapshot":
@@ -285,22 +289,34 @@ class EntityPipeline:
         committer.staging.drop(result.batch_id)
 
     def _stage(self, committer: Committer, matched: list[tuple[InboxRecord, Partition]], target: pa.Schema | None,
-               checked_at: datetime, watermark: datetime | None, batch_id: int) -> list[tasks.Staged]:
+               checked_at: datetime, watermark: datetime | None,
+               batch_id: int) -> tuple[list[tasks.Staged], tasks.Whole | None]:
         staging = committer.staging.url(batch_id)
 
-        def stage(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.Staged]:
-            self._go_on()
+        def jobs(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.StageJob]:
             runs = min(len(items), 2 * self.spread.width)  # a few runs per core: tasks are not free
             size = -(-len(items) // runs) if runs else 1
-            jobs = [tasks.StageJob(self.cfg, tuple(items[i:i + size]), schema, checked_at, watermark, staging)
+            return [tasks.StageJob(self.cfg, tuple(items[i:i + size]), schema, checked_at, watermark, staging)
                     for i in range(0, len(items), size)]
-            staged = self.spread.map(tasks.stage, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: read")
-            return [s for run in staged for s in run]
 
-        if target is None and matched:  # the first file ever fixes the table's types; the others are read so
-            staged = stage(matched[:1], None)
-            return staged + stage(matched[1:], staged[0].schema)
-        return stage(matched, target)
+        if target is None and len(matched) > 1:  # the first file ever fixes the table's types; the others are read
+            # so as to fit them
+            first, _ = self._read(committer, tasks.stage, jobs(matched[:1], None), batch_id, whole=False)
+            rest, _ = self._read(committer, tasks.stage, jobs(matched[1:], first[0].schema), batch_id, whole=False)
+            return first + rest, None
+        return self._read(committer, tasks.stage, jobs(matched, target), batch_id)
+
+    def _read(self, committer: Committer, stage: Callable[[Any], list[tasks.Staged]], jobs: list[Any],
+              batch_id: int, stream: str = "", whole: bool = True) -> tuple[list[tasks.Staged], tasks.Whole | None]:
+        """Tasks read and stage the batch's rows; an append batch that is one task is written by it as well."""
+        self._go_on()
+        description = f"lakefeed {self.cfg.name} {stream + ' ' if stream else ''}batch {batch_id}"
+        if whole and len(jobs) == 1 and not self.cfg.cdc.keyed:
+            job = tasks.WholeJob(stage, jobs[0], committer.plan_whole(batch_id))
+            done = self.spread.map(tasks.whole, [job], f"{description}: read and write")[0]
+            return list(done.staged), done
+        staged = self.spread.map(stage, jobs, f"{description}: read")
+        return [s for run in staged for s in run], None
 
     def _relative(self, path: str) -> str:
         """A file's path below the entity's root (the manifest's folder, or its bucket folder)."""

@@ -80,11 +80,11 @@ def _park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadR
 
 
 def park_staged(committer: Committer, spread: Spread, staged: list[Staged], result: BatchResult,
-                checked_at: datetime, log_: Any) -> None:
-    """`commit_or_park` for an append batch that tasks read and staged: only when the data is at fault are its
-    rows read here, from the staging folder, to be parked."""
+                checked_at: datetime, log_: Any, whole: tasks.Whole | None = None) -> None:
+    """`commit_or_park` for an append batch that tasks read and staged (`whole`: and wrote, one task): only when
+    the data is at fault are its rows read here, from the staging folder, to be parked."""
     try:
-        committer.commit_staged(spread, staged, result, checked_at, log_)
+        committer.commit_staged(spread, staged, result, checked_at, log_, whole)
         return
     except Exception as exc:
         if not data_fault(exc) or _partly_committed(committer, result.batch_id):

@@ -12,6 +12,8 @@ often one is retried:
    its first changelog offset. It writes the changelog's and the table's Parquet files straight into their
    tables' folders and returns only their add actions (connectors/sinks/data_files.py).
 The driver commits those actions; nothing a task wrote is in a table until then.
+A batch that is one task anyway (a few push frames, one landed file) is one Spark job: its first changelog offset
+is the entity's next one, known before its rows are read, so the task that stages them writes them too (`whole`).
 """
 
 from __future__ import annotations
@@ -143,14 +145,14 @@ class FramesJob:
     staging: str
 
 
-def stage_frames(job: FramesJob) -> Staged:
+def stage_frames(job: FramesJob) -> list[Staged]:
     """A run of push frames: decoded from the spool, conformed, tagged and stamped (daemon/batch/frames.py), staged
     under the name of its first frame's offset."""
     where, _ = worker()
     first = job.entries[0].offset
     table, bad = frames.rows_of(job.cfg, job.stream, job.entries, job.target, job.checked_at)
-    return _staged(job.cfg, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad, job.watermark,
-                   job.staging, where, _log.bind(entity=job.cfg.name, stream=job.stream))
+    return [_staged(job.cfg, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad,
+                    job.watermark, job.staging, where, _log.bind(entity=job.cfg.name, stream=job.stream))]
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,42 @@ def write(job: WriteJob) -> Written:
         table = data_files.write(out, root, data_columns(rows), name, partition_by=cfg.partition_by)
     failpoints.reached("task.written")  # files written, not returned: a retry writes others, these are swept
     return Written(tuple(changelog), tuple(table), where, attempt > 0, tuple(described))
+
+
+@dataclass(frozen=True)
+class Then:
+    """The write of a batch that is one task, planned before its rows are read."""
+    first_offset: int | None  # the entity's next changelog offset; None: the changelog has the batch already
+    table: bool  # whether the table's files are written
+    batch_id: int
+    name: str  # of the batch's only run
+
+
+@dataclass(frozen=True)
+class WholeJob:
+    stage: Callable[[StageJob | FramesJob], list[Staged]]
+    job: StageJob | FramesJob
+    then: Then
+
+
+@dataclass(frozen=True)
+class Whole:
+    then: Then
+    staged: tuple[Staged, ...]
+    written: Written | None  # None: no rows to write
+
+
+def whole(job: WholeJob) -> Whole:
+    """Stage the batch's rows, then write them as the batch's only run."""
+    staged = job.stage(job.job)
+    rows = [s for s in staged if s.rows]
+    if not rows:
+        return Whole(job.then, tuple(staged), None)
+    schema = pa.unify_schemas([s.schema for s in rows if s.schema is not None], promote_options="permissive")
+    then = job.then
+    written = write(WriteJob(job.job.cfg, tuple(s.path for s in rows if s.path), schema, then.first_offset,
+                             then.table, then.batch_id, job.job.checked_at, then.name))
+    return Whole(then, tuple(staged), written)
 
 
 def read_staged(cfg: EntityConfig, path: str) -> pa.Table:
