@@ -1,7 +1,8 @@
 """Spark does the row work: on a multi-process Spark (`local-cluster`: a master, a worker and two executor JVMs,
-each with Python workers of its own), file, push and Kafka batches are read, decoded and written in executor
-processes (the changelog files hashed there as ODF slices), the driver only commits, and SIGKILLs of the daemon or
-of an executor mid-batch, or a stop that cancels a batch's tasks, lose and double nothing."""
+each with Python workers of its own; and a standalone master and worker started from `spark-class`), file, push
+and Kafka batches are read, decoded and written in executor processes (the changelog files hashed there as ODF
+slices), the driver only commits, and SIGKILLs of the daemon or of an executor mid-batch, or a stop that cancels a
+batch's tasks, lose and double nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from lakefeed.config import model as config_module
 from lakefeed.pipeline.verify import verify
 from tests.conftest import entity_yaml, land, wait_for, write_config
 from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture
+from tests.spark_standalone import spark_standalone  # noqa: F401 - a fixture
 from tests.test_daemon_process import ROWS_PER_FILE, Daemon, _csv, _table_rows
 
 CLUSTER = "local-cluster[2,1,1024]"
@@ -73,13 +75,46 @@ def _expect_exactly(cfg, files: int) -> None:
 
 def test_file_batches_are_read_and_written_in_executor_processes(cluster):
     tmp_path, daemon, cfg = cluster
+    _files_are_worked_by_two_executors(tmp_path, daemon, cfg)
+
+
+def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_standalone):  # noqa: F811
+    """`spark.master: spark://…`, a master and a worker started as a user starts them: the worker's two executors
+    read and write the rows."""
+    entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
+                                 "max_files_per_trigger": 8})
+    spark = {"master": spark_standalone.url, "trigger_interval_s": 0.2,
+             "conf": {"spark.executor.cores": "1", "spark.executor.memory": "512m"}}
+    config = write_config(tmp_path, [entity], spark=spark)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    try:
+        _files_are_worked_by_two_executors(tmp_path, daemon, config_module.load(config).entities[0])
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
+def _read_bytes(pid: int) -> int:
+    """Bytes the process has read so far (files, pipes and sockets: /proc/<pid>/io rchar)."""
+    return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+                if line.startswith("rchar:"))
+
+
+def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> None:
     daemon.start()
     rows_per_file = 20_000
-    texts = ["id,file\n" + "".join(f"{i},{n}\n" for i in range(n * rows_per_file, (n + 1) * rows_per_file))
+    pad = "p" * 64
+    texts = ["id,file,pad\n" + "".join(f"{i},{n},{pad}\n" for i in range(n * rows_per_file, (n + 1) * rows_per_file))
              for n in range(16)]
+    landed = sum(len(text) for text in texts)
+    read_before = _read_bytes(daemon.proc.pid)
     for n, text in enumerate(texts):
         land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", text)
     wait_for(lambda: _table_rows(cfg.table) == 16 * rows_per_file, 180, 0.3, "every row")
+    # The driver (this daemon's own process) read paths and metadata, not the rows: far less than was landed.
+    driver_read = _read_bytes(daemon.proc.pid) - read_before
+    assert driver_read < landed / 10, (driver_read, landed)
     workers = _workers(cfg.table) | _workers(cfg.changelog)
     assert daemon.proc.pid not in workers
     # Each is a Python worker of one of the two executor JVMs (python worker reuse keeps them alive).
