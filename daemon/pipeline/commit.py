@@ -33,7 +33,7 @@ from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.odf import slices
 from lakefeed.pipeline import tasks
-from lakefeed.pipeline.staging import Staging, runs
+from lakefeed.pipeline.staging import Staging, write_jobs
 from lakefeed.pipeline.tasks import Spread, Staged
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
@@ -240,7 +240,6 @@ class Committer:
     def _write_staged(self, spread: Spread, staged: list[Staged], batch_id: int, table_meta: dict[str, str],
                       changelog_meta: dict[str, str], checked_at: datetime, log_: Any,
                       whole: tasks.Whole | None) -> list[str]:
-        workers = sorted({s.worker for s in staged})
         table_due = whole.then.table if whole is not None else not self.done(self.sinks.table, batch_id)
         if not staged:  # files without rows: the table still records their partitions
             schema = self.sinks.table.schema()
@@ -248,15 +247,17 @@ class Committer:
                 self.sinks.table.append(schema.empty_table(), self.app_id, batch_id, table_meta)
             elif table_due:
                 log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
-            return workers
+            return []
         schema = pa.unify_schemas([s.schema for s in staged if s.schema is not None], promote_options="permissive")
         if whole is not None:
             first = whole.then.first_offset
             written = [whole.written] if whole.written is not None else []
         else:
             first = self._offsets.start() if not self.done(self.sinks.changelog, batch_id) else None
-            written = self._write_runs(spread, staged, schema, first, table_due, batch_id, checked_at)
-        workers = sorted({*workers, *(w.worker for w in written)})
+            jobs = write_jobs(self.cfg, self.staging, staged, spread.width, schema, first, table_due, batch_id,
+                              checked_at)
+            written = spread.map(tasks.write, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: write")
+        workers = sorted({*(s.worker for s in staged), *(w.worker for w in written)})
         placed = {"lakefeed.workers": json.dumps(workers)}
         empty = schema.empty_table()
         if first is not None:
@@ -273,17 +274,6 @@ class Committer:
                                           {**table_meta, **placed})
         self.staging.tidy(batch_id, written, self.sinks.changelog, self.sinks.table, log_)
         return workers
-
-    def _write_runs(self, spread: Spread, staged: list[Staged], schema: pa.Schema, first: int | None,
-                    table_due: bool, batch_id: int, checked_at: datetime) -> list[tasks.Written]:
-        jobs, offset = [], first
-        for n, run in enumerate(runs(staged, spread.width)):
-            name = self.staging.name(batch_id, n)
-            jobs.append(tasks.WriteJob(self.cfg, tuple(s.path for s in run if s.path), schema, offset,
-                                       table_due, batch_id, checked_at, name))
-            if offset is not None:
-                offset += sum(s.rows for s in run)
-        return spread.map(tasks.write, jobs, f"lakefeed {self.cfg.name} batch {batch_id}: write")
 
     def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
                 checked_at: datetime, log_: Any) -> None:

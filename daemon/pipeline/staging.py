@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import posixpath
+from datetime import datetime
 from typing import Any
+
+import pyarrow as pa
 
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.inbox.storage import Storage
-from lakefeed.pipeline.tasks import Staged, Written
+from lakefeed.pipeline.tasks import Staged, WriteJob, Written
 
 
 class Staging:
@@ -71,3 +74,16 @@ def runs(staged: list[Staged], width: int) -> list[list[Staged]]:
         out[-1].append(s)
         filled += s.rows
     return out
+
+
+def write_jobs(cfg: EntityConfig, staging: Staging, staged: list[Staged], width: int, schema: pa.Schema,
+               first: int | None, table: bool, batch_id: int, checked_at: datetime) -> list[WriteJob]:
+    """The write tasks of a batch's staged files: a run each (`runs`), each knowing its first changelog offset from
+    the rows of the runs before it (`first`: the batch's; None: the changelog has the batch already)."""
+    jobs, offset = [], first
+    for n, run in enumerate(runs(staged, width)):
+        jobs.append(WriteJob(cfg, tuple(s.path for s in run if s.path), schema, offset, table, batch_id, checked_at,
+                             staging.name(batch_id, n)))
+        if offset is not None:
+            offset += sum(s.rows for s in run)
+    return jobs
