@@ -53,6 +53,15 @@ def _ancestors(pid: int) -> list[str]:
     return lines
 
 
+def _worked_in_executors(daemon: Daemon, entities) -> None:
+    """Every batch of the entities' tables was read and written in processes under an executor, not the driver."""
+    for cfg in entities:
+        workers = _workers(cfg.changelog) | _workers(cfg.table)
+        assert workers and daemon.proc.pid not in workers
+        for pid in workers:
+            assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+
+
 def _files_on_disk(table: Path) -> set[str]:
     return {p.relative_to(table).as_posix() for p in table.rglob("*.parquet")}
 
@@ -221,11 +230,7 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
         wait_for(lambda: _table_rows(events.table) == 300, 180, 0.3, "every pushed event")
         wait_for(lambda: sorted(DeltaTable(str(accounts.table)).to_pyarrow_table()["v"].to_pylist())
                  == sorted(f"r{n}" for n in range(23, 30)), 180, 0.3, "the last value of each account")
-        for cfg in (events, accounts):
-            workers = _workers(cfg.changelog) | _workers(cfg.table)
-            assert workers and daemon.proc.pid not in workers
-            for pid in workers:
-                assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        _worked_in_executors(daemon, (events, accounts))
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(90) == 0
         rows = DeltaTable(str(events.table)).to_pyarrow_table()
@@ -255,11 +260,7 @@ def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, 
         kafka_broker.produce("clicks", [{"id": i % 50, "n": i} for i in range(600)])
         wait_for(lambda: _table_rows(lake.entity("clicks").table) == 600, 180, 0.3, "every message")
         wait_for(lambda: _table_rows(lake.entity("users").table) == 50, 180, 0.3, "every user")
-        for cfg in lake.entities:
-            workers = _workers(cfg.changelog) | _workers(cfg.table)
-            assert workers and daemon.proc.pid not in workers
-            for pid in workers:
-                assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        _worked_in_executors(daemon, lake.entities)
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(90) == 0
     finally:
