@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config/lakefeed.yaml
+# Spark's jars from Maven Central, resolved once into the venv (daemon/ops/jars.py); no start resolves them again.
+JARS := $(VENV)/spark-jars/.fetched
 
 .PHONY: run test test-requirements setup lint bench
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed $(JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: test-requirements $(VENV)/.installed
+test: test-requirements $(VENV)/.installed $(JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest
@@ -35,13 +37,17 @@ test-requirements:
 	  exit 1; \
 	fi
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(JARS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c "import sys; assert sys.version_info >= (3, 11), 'lakefeed needs Python 3.11+'"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+$(JARS): $(VENV)/.installed
+	$(BIN)/lakefeed jars fetch
 	touch $@
 
 bench: $(VENV)/.installed

@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="about the configuration")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     cfg_sub.add_parser("schema", help="print the config's JSON Schema")
+    jars = sub.add_parser("jars", help="about Spark's jars from Maven Central (delta-spark, Kafka, s3a)")
+    jars_sub = jars.add_subparsers(dest="jars_command", required=True)
+    jars_sub.add_parser("fetch", help="resolve them once into the cache beside the venv (`make setup` does)")
     return parser
 
 
@@ -106,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
         token = secrets.token_urlsafe(32)
         print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
+        return 0
+    if args.command == "jars":
+        from lakefeed.ops import jars
+
+        log.configure("INFO")
+        jars.fetch()
         return 0
     if args.command == "manifest" and args.manifest_command == "check":
         return _check_manifest(Path(args.root_manifest), args.precedence)
