@@ -15,6 +15,9 @@ fresh copy of the same table (the copy is not timed):
   flagged and newer, update_all when newer, insert_all when not flagged) on the same table with
   the change data feed enabled, as lakefeed's tables have it.
 * bare_nocdf: the same merge with the change data feed turned off (extra information).
+* bare_spark: the same merge through delta-spark (`DeltaTable.forPath(...).merge(...)` on a local[2] Spark with
+  the jars `lakefeed jars fetch` cached), what a Spark user would run; its memory is its JVM's. The goal is
+  lakefeed's whole batch <= 1.2x the faster of the two bare merges.
 
 Timed: the call only; the table is opened beforehand in both (the daemon keeps it open). The
 lakefeed child also times its parts (perf_counter wrappers around the same functions, in the
@@ -66,7 +69,7 @@ FILES_PER_BATCH = 10  # the changes arrive as this many landing files (inbox off
 CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports", "tools", "toys"])
 _TS = pa.timestamp("us", tz="UTC")
 _T0 = int(np.datetime64("2024-01-01T00:00:00", "us").astype(np.int64))
-VARIANTS = ("bare", "lakefeed", "bare_nocdf")
+VARIANTS = ("bare", "lakefeed", "bare_nocdf", "bare_spark")
 SMOKE = {"sizes": "5000,20000", "changes": 1000, "file_rows": 10_000, "timeout": 300.0}
 # The plain merge a user would write for "last write by seq wins, IsDelete deletes".
 BARE_ON = "t.id = s.id"
@@ -178,27 +181,27 @@ def expected(reduced: pa.Table, n_table: int) -> dict[str, int]:
 # --------------------------------------------------------------------------- children
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
 
-def rss_kib() -> int:
-    return _status_kib("VmRSS")
+def rss_kib(pid: int | str = "self") -> int:
+    return _status_kib("VmRSS", pid)
 
 
-def hwm_kib() -> int:
+def hwm_kib(pid: int | str = "self") -> int:
     """Peak resident size of this process's own memory (unlike ru_maxrss, not inherited from the parent)."""
-    return _status_kib("VmHWM")
+    return _status_kib("VmHWM", pid)
 
 
-def reset_hwm() -> bool:
+def reset_hwm(pid: int | str = "self") -> bool:
     """Reset VmHWM to the current resident size (Linux >= 4.0), so it then measures the peak of what follows."""
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
             f.write("5")
         return True
     except OSError:
@@ -211,21 +214,23 @@ def maxrss_kib() -> int:
 
 
 class Memory:
-    """Resident size before the timed call, and the peaks: of the call, and of the whole child."""
+    """Resident size before the timed call, and the peaks: of the call, and of the whole child (or of the process
+    `pid`, a Spark child's JVM, where the work is)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | str = "self") -> None:
+        self.pid = pid
         self.marks: dict[str, float] = {}
 
     def mark(self, name: str) -> None:
-        self.marks[name] = round(rss_kib() / 1024, 1)
+        self.marks[name] = round(rss_kib(self.pid) / 1024, 1)
 
     def start(self) -> None:
-        self.hwm_setup = hwm_kib()
-        self.reset = reset_hwm()
-        self.before = rss_kib()
+        self.hwm_setup = hwm_kib(self.pid)
+        self.reset = reset_hwm(self.pid)
+        self.before = rss_kib(self.pid)
 
     def stop(self) -> dict[str, Any]:
-        hwm = hwm_kib()
+        hwm = hwm_kib(self.pid)
         return {"rss_before_kib": self.before, "call_peak_kib": hwm if self.reset else None,
                 "process_peak_kib": max(hwm, self.hwm_setup), "ru_maxrss_kib": maxrss_kib(),
                 "setup_rss_mib": self.marks}
@@ -234,6 +239,8 @@ class Memory:
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["variant"] == "lakefeed":
         return child_lakefeed(spec)
+    if spec["variant"] == "bare_spark":
+        return child_bare_spark(spec)
     return child_bare(spec)
 
 
@@ -255,6 +262,46 @@ def child_bare(spec: dict[str, Any]) -> dict[str, Any]:
                .execute())
     seconds = time.perf_counter() - t
     return {"seconds": seconds, **mem.stop(), "merge_metrics": _metrics(metrics)}
+
+
+def child_bare_spark(spec: dict[str, Any]) -> dict[str, Any]:
+    from delta.tables import DeltaTable as SparkDeltaTable
+    from pyspark.sql import SparkSession
+
+    from lakefeed.ops import jars
+
+    conf = {**jars.conf("delta"), "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
+            "spark.sql.session.timeZone": "UTC", "spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
+    builder = SparkSession.builder.master("local[2]").appName("cdc-merge-peer")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    mem = Memory(spark.sparkContext._gateway.proc.pid)  # spark-submit execs the JVM: the merge's memory is there
+    mem.mark("session")
+    reduced = spark.read.parquet(spec["reduced"]).cache()
+    reduced.count()  # in memory before the call, as the other variants' batches are
+    # A streaming job's session is warm: one merge of the same shape into a small scratch table first (not timed).
+    scratch = str(Path(spec["run_dir"]) / "warm_up")
+    spark.read.format("delta").load(spec["table"]).limit(1000).write.format("delta").save(scratch)
+    _spark_merge(SparkDeltaTable.forPath(spark, scratch), reduced)
+    dt = SparkDeltaTable.forPath(spark, spec["table"])
+    mem.mark("ready")
+    mem.start()
+    t = time.perf_counter()
+    _spark_merge(dt, reduced)
+    seconds = time.perf_counter() - t
+    out = mem.stop()
+    metrics = dt.history(1).collect()[0]["operationMetrics"]
+    spark.stop()
+    return {"seconds": seconds, **out, "merge_metrics": {k: int(v) for k, v in metrics.items()}}
+
+
+def _spark_merge(table: Any, reduced: Any) -> None:
+    (table.alias("t").merge(reduced.alias("s"), BARE_ON)
+     .whenMatchedDelete(BARE_DELETE).whenMatchedUpdateAll(BARE_UPDATE).whenNotMatchedInsertAll(BARE_INSERT)
+     .execute())
 
 
 def _metrics(m: dict[str, Any]) -> dict[str, Any]:
@@ -448,7 +495,7 @@ def check_size(n: int, base_columns: list[str], tables: dict[str, Path], exp: di
     problems = []
     if reference.num_rows != exp["rows_after"]:
         problems.append(f"bare: {reference.num_rows} rows, expected {exp['rows_after']}")
-    for variant in ("lakefeed", "bare_nocdf"):
+    for variant in ("lakefeed", "bare_nocdf", "bare_spark"):
         if variant not in tables:
             continue
         other = read_sorted(tables[variant], base_columns)
@@ -557,6 +604,12 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, deadline: Deadline)
         outside = best["lakefeed"]["seconds"] - best["lakefeed"]["breakdown_s"]["merge_execute"]
         out["lakefeed_outside_merge_s"] = round(outside, 3)
         out["ratio_if_same_merge_time"] = round((best["bare"]["seconds"] + outside) / best["bare"]["seconds"], 3)
+    if "bare_spark" in best and "bare" in best:
+        out["ratio_bare_spark_vs_bare"] = round(best["bare_spark"]["seconds"] / best["bare"]["seconds"], 3)
+        if "lakefeed" in best:
+            faster = min(best["bare"]["seconds"], best["bare_spark"]["seconds"])
+            out["ratio_lakefeed_vs_faster_bare"] = round(best["lakefeed"]["seconds"] / faster, 3)
+            out["goal_met"] = out["ratio_lakefeed_vs_faster_bare"] <= GOAL_RATIO
     if "bare_nocdf" in best and "bare" in best:
         out["ratio_bare_cdf_vs_nocdf"] = round(best["bare"]["seconds"] / best["bare_nocdf"]["seconds"], 3)
     return out

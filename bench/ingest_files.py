@@ -6,6 +6,10 @@ Measures, in one run:
   landing folder (atomic, like a real producer) and the run ends when the Delta table holds
   every file. rows/s = total rows / (last table commit - first landing); per-file latency =
   timestamp of the table commit that made the file visible - time of its rename.
+* the Spark peer: what a Spark user would run instead, plain PySpark Structured Streaming (`readStream.csv` on
+  its own landing folder -> `writeStream.format("delta")`, delta-spark, with a checkpoint; bench/_spark_peer.py),
+  fed the same files the same way, measured the same way (a file is visible at the Delta commit of the
+  micro-batch that read it). Goal: lakefeed, with its changelog and manifests, >= 1.5x its rows/s and a lower p99.
 * the floor: the same files read with pyarrow.csv.read_csv and appended with
   deltalake.write_deltalake, no Spark, grouped in the same batches lakefeed made (one append
   per batch). Two variants: the data table only ("single table", the reference for the
@@ -16,7 +20,7 @@ run completed (whether or not the ratio goal is met), 1 on failure or timeout.
 
     python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
 
-`--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon and both floors, in seconds.
+`--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon, the peer and both floors, in seconds.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+import _spark_peer
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,6 +50,7 @@ from _common import (  # bench/ is the script folder, so on sys.path
     publish,
     say,
     stop_daemon,
+    stop_process,
     workdir,
 )
 from deltalake import DeltaTable, write_deltalake
@@ -52,6 +59,7 @@ from deltalake.exceptions import TableNotFoundError
 ENTITY = "bench"
 METADATA_KEY = "lakefeed.partitions"
 GOAL_RATIO = 0.6
+GOAL_VS_SPARK = 1.5
 SEED = 20240601
 LAKEFEED = Path(sys.executable).parent / "lakefeed"
 SMOKE = {"files": 6, "rows": 1000, "max_files_per_trigger": 2, "timeout": 300.0}
@@ -61,6 +69,7 @@ lake_dir: lake
 state_dir: state
 log_level: INFO
 spark: {{master: "{master}", trigger_interval_s: {trigger}}}
+http: {{host: 127.0.0.1, port: 0}}
 entities:
   - name: {entity}
     source: {{type: local_dir, path: landing, reconcile_interval_s: 60, max_files_per_trigger: {max_files}}}
@@ -79,6 +88,7 @@ FLOOR_TYPES = {
     "ts": pa.timestamp("us", tz="UTC"),
     "category": pa.string(),
 }
+PEER_SCHEMA = "id long, customer string, amount double, ts timestamp, category string"
 CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports", "tools", "toys"])
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -312,6 +322,50 @@ def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, d
         kill_group(proc)
 
 
+# --------------------------------------------------------------------------- Spark peer
+
+
+def run_spark_peer(work: Path, staging: Path, names: list[str], rows: int, args, deadline: Deadline) -> dict:
+    """The same files through plain Structured Streaming into delta-spark, measured as lakefeed is."""
+    peer = work / "spark_peer"
+    landing, table = peer / "landing", peer / "table"
+    landing.mkdir(parents=True, exist_ok=True)
+    log_path = peer / "spark.log"
+    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "csv", str(landing), str(table),
+           str(peer / "checkpoint"), "--schema", PEER_SCHEMA, "--trigger", str(args.trigger_interval),
+           "--master", getattr(args, "master", "local[2]")]
+    t0 = time.time()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+                                start_new_session=True, text=True)
+    try:
+        ready = proc.stdout.readline().strip()  # the peer prints `ready` or exits
+        if ready != "ready":
+            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
+        startup_s = time.time() - t0
+        landed = land(staging, landing, names, args.interval)
+        seen: dict[str, float] = {}
+        while len(seen) < len(names):
+            deadline.check(f"waiting for the Spark peer's table ({len(seen)}/{len(names)} files visible)")
+            if proc.poll() is not None:
+                raise BenchError(f"the Spark peer exited with {proc.returncode}: {log_tail(log_path)}")
+            time.sleep(0.05)
+            seen = _spark_peer.visible(_spark_peer.local_commits(table), peer / "checkpoint")
+        code = stop_process(proc, timeout=max(deadline.left(), 5.0))
+        first_land = min(landed.values())
+        elapsed = max(seen.values()) - first_land
+        latencies = np.array([seen[n] - landed[n] for n in names])
+        total_rows = table_rows(table)
+        if total_rows != rows * len(names):
+            raise BenchError(f"the Spark peer's table holds {total_rows} rows, expected {rows * len(names)}")
+        return {"startup_s": round(startup_s, 2), "elapsed_s": round(elapsed, 3), "rows": total_rows,
+                "rows_per_s": total_rows / elapsed, "latency_p50_s": float(np.percentile(latencies, 50)),
+                "latency_p99_s": float(np.percentile(latencies, 99)), "exit_code": code,
+                "batches": len({round(t, 3) for t in seen.values()})}
+    finally:
+        kill_group(proc)
+
+
 # --------------------------------------------------------------------------- floor
 
 
@@ -400,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         staging = work / "landing" / "_staging" if args.staging == "inside" else work / "staging"
         (work / "landing" / "data").mkdir(parents=True, exist_ok=True)  # exists before the watch starts
         names = generate(staging, args.files, args.rows)
+        peer_staging = work / "spark_peer_staging"  # a copy for the Spark peer, landed after lakefeed's run
+        shutil.copytree(staging, peer_staging)
         size = sum((staging / n).stat().st_size for n in names)
         say(f"generated {size / 1e6:.1f} MB in {time.perf_counter() - t:.1f}s")
         report["csv_mb"] = round(size / 1e6, 1)
@@ -417,7 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         floor_cl = run_floor(data_dir, work / "floor2", groups, with_changelog=True, deadline=deadline)
         say(f"  {floor_cl['rows_per_s']:,.0f} rows/s ({floor_cl['elapsed_s']}s)")
 
+        say("Spark peer: Structured Streaming readStream.csv -> delta-spark")
+        spark_peer = run_spark_peer(work, peer_staging, names, args.rows, args, deadline)
+        say(f"  {spark_peer['rows_per_s']:,.0f} rows/s, p99 {spark_peer['latency_p99_s']:.2f}s")
+
         ratio = lf["rows_per_s"] / floor["rows_per_s"]
+        vs_spark = lf["rows_per_s"] / spark_peer["rows_per_s"]
         for b in breakdown:
             b["start_after_first_land_s"] = round(b.pop("start") - first_land, 3)
             b["committed_after_first_land_s"] = round(b.pop("committed") - first_land, 3)
@@ -429,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_floor_with_changelog": round(lf["rows_per_s"] / floor_cl["rows_per_s"], 3),
             "goal_ratio": GOAL_RATIO,
             "goal_met": ratio >= GOAL_RATIO,
+            "spark_peer_rows_per_s": round(spark_peer["rows_per_s"]),
+            "ratio_vs_spark_peer": round(vs_spark, 3),
+            "spark_peer_latency_p99_s": round(spark_peer["latency_p99_s"], 3),
+            "goal_vs_spark_peer": GOAL_VS_SPARK,
+            "goal_vs_spark_peer_met": vs_spark >= GOAL_VS_SPARK and lf["latency_p99_s"] < spark_peer["latency_p99_s"],
+            "spark_peer": spark_peer,
             "latency_p50_s": round(lf["latency_p50_s"], 3),
             "latency_p99_s": round(lf["latency_p99_s"], 3),
             "latency_max_s": round(lf["latency_max_s"], 3),
@@ -445,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             "ok": True,
         })
         say(f"lakefeed {report['lakefeed_rows_per_s']:,} rows/s, floor {report['floor_rows_per_s']:,} rows/s, "
-            f"ratio {ratio:.3f} (goal >= {GOAL_RATIO}); latency p50 {lf['latency_p50_s']:.2f}s "
+            f"ratio {ratio:.3f} (goal >= {GOAL_RATIO}); {vs_spark:.2f}x the Spark peer (goal >= {GOAL_VS_SPARK}); "
+            f"latency p50 {lf['latency_p50_s']:.2f}s "
             f"p99 {lf['latency_p99_s']:.2f}s; {lf['batches']} batches")
         return 0
     except (BenchError, OSError, pa.ArrowException) as exc:

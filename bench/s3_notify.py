@@ -13,11 +13,10 @@ fresh moto state, lake and daemon:
   the files, every `--reconcile-interval` seconds (default 1, as the issue's 1 s trigger;
   the config accepts any `reconcile_interval_s` > 0), narrowed by `dated_prefix`.
 
-The comparison the issue names — Spark's built-in file source (readStream over s3a://, 1 s
-trigger) — cannot run here: pyspark ships hadoop-client-api/runtime but no hadoop-aws, so
-no `org.apache.hadoop.fs.s3a.S3AFileSystem`, and there is no Maven to fetch it. The run
-checks that (Spark's jars and ~/.m2 are searched for the class / a hadoop-aws jar, without
-starting a JVM) and says so in the report (`spark_s3a`); lakefeed's listing mode stands in.
+Beside them, the peer a Spark user would run instead (mode `spark`): Spark's own file source on s3a://
+(hadoop-aws, with the jars `lakefeed jars fetch` cached), `readStream.csv` over the landing prefix with the same
+trigger, into a delta-spark table in the same lake bucket, with its checkpoint on local disk as lakefeed's state
+is (bench/_spark_peer.py). Each trigger lists the prefix. Goal: lakefeed's notify p50 <= 0.5x the peer's.
 
 In each mode, after the daemon is ready, one warm-up file is PUT and waited for (it creates
 the tables; reported, not counted). Then `--rate` files/s for `--seconds` (default 10/s for
@@ -63,7 +62,6 @@ are met), 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import logging
 import os
@@ -74,12 +72,13 @@ import sys
 import threading
 import time
 import urllib.request
-import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import _spark_peer
 import boto3
 import numpy as np
 import pyarrow as pa
@@ -109,10 +108,12 @@ KEY_ID, SECRET = "bench", "bench-secret"  # moto takes any
 LANDING, LAKE, QUEUE = "landing", "lake", "landing-events"
 ENTITY = "bench"
 TABLE = f"s3://{LAKE}/tables/{ENTITY}/table"
+SPARK_TABLE = "spark_peer/table"  # in the lake bucket
 CHANGELOG = f"s3://{LAKE}/tables/{ENTITY}/changelog"
 LOG_PREFIX = f"tables/{ENTITY}/table/_delta_log/"
 COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 GOAL_P50_S, GOAL_P99_S = 1.5, 5.0
+GOAL_VS_SPARK = 0.5  # lakefeed's notify p50 over the Spark peer's
 WARMUP_FILE = -1
 SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "timeout": 300.0}
 
@@ -124,26 +125,70 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # --------------------------------------------------------------------------- Spark's own file source on s3a://
 
 
-def spark_s3a_check() -> dict[str, Any]:
-    """Can Spark's file source read s3a:// here? Searches Spark's jars and ~/.m2 for S3AFileSystem / hadoop-aws."""
-    import pyspark
+def run_spark(moto: Moto, work: Path, args: argparse.Namespace, deadline: Deadline) -> dict[str, Any]:
+    """The Spark peer: PUT -> visible in its delta-spark table, measured as lakefeed's modes are."""
+    work.mkdir(parents=True)
+    moto.prepare(notify=False)
+    s3a = {"spark.hadoop.fs.s3a.endpoint": moto.endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
+           "spark.hadoop.fs.s3a.access.key": KEY_ID, "spark.hadoop.fs.s3a.secret.key": SECRET,
+           "spark.hadoop.fs.s3a.endpoint.region": REGION, "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+           "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+    checkpoint = work / "checkpoint"
+    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "csv", f"s3a://{LANDING}/sales/",
+           f"s3a://{LAKE}/{SPARK_TABLE}", str(checkpoint), "--schema", "id long, file long, row long",
+           "--trigger", str(args.trigger), "--jars", "delta,s3a", "--recursive",
+           *(f"--conf={key}={value}" for key, value in s3a.items())]
+    log_path = work / "spark.log"
+    s3 = moto.client("s3")
+    seen_commits: dict[str, str] = {}
 
-    jars_dir = Path(pyspark.__file__).parent / "jars"
-    jars = sorted(jars_dir.glob("*.jar"))
-    with_class = []
-    for jar in jars:
-        with zipfile.ZipFile(jar) as z:
-            if any(n.endswith("fs/s3a/S3AFileSystem.class") for n in z.namelist()):
-                with_class.append(jar.name)
-    m2 = glob.glob(str(Path.home() / ".m2" / "repository" / "org" / "apache" / "hadoop" / "hadoop-aws" / "**"
-                       / "*.jar"), recursive=True)
-    hadoop = sorted(j.name for j in jars if j.name.startswith("hadoop-"))
-    usable = bool(with_class or m2)
-    return {"usable": usable, "pyspark": pyspark.__version__, "jars_searched": len(jars), "hadoop_jars": hadoop,
-            "jars_with_S3AFileSystem": with_class, "hadoop_aws_in_m2": m2,
-            "why_not": None if usable else "no jar on Spark's classpath holds org.apache.hadoop.fs.s3a."
-            "S3AFileSystem (pyspark ships hadoop-client-api/runtime, not hadoop-aws) and no hadoop-aws jar is "
-            "in ~/.m2; fetching it needs Maven Central, which this machine cannot reach"}
+    def visible() -> dict[str, float]:
+        listed = s3.list_objects_v2(Bucket=LAKE, Prefix=f"{SPARK_TABLE}/_delta_log/").get("Contents", [])
+        for obj in listed:
+            if obj["Key"].endswith(".json") and obj["Key"] not in seen_commits:
+                seen_commits[obj["Key"]] = s3.get_object(Bucket=LAKE, Key=obj["Key"])["Body"].read().decode()
+        return _spark_peer.visible([seen_commits[k] for k in sorted(seen_commits)], checkpoint)
+
+    def wait_files(names: set[str], what: str) -> None:
+        while not names <= visible().keys():
+            deadline.check(f"waiting for the Spark peer: {what}")
+            if proc.poll() is not None:
+                raise BenchError(f"the Spark peer exited with {proc.returncode}: {log_tail(log_path)}")
+            time.sleep(args.poll)
+
+    s3.put_object(Bucket=LANDING, Key="sales/", Body=b"")  # Spark's file source wants its folder to exist
+    t0 = time.time()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+                                start_new_session=True, text=True)
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
+        startup_s = time.time() - t0
+        s3.put_object(Bucket=LANDING, Key=key_of(WARMUP_FILE), Body=csv_body(WARMUP_FILE, args.rows))
+        wait_files({key_of(WARMUP_FILE).rsplit("/", 1)[1]}, "the warm-up file")
+        say(f"[spark] peer ready after {startup_s:.1f} s, warm-up file visible; {args.rate:g} files/s")
+        puts = put_schedule(moto, args, deadline)
+        names = {put["url"].rsplit("/", 1)[1]: put for put in puts}
+        wait_files(set(names), "every file")
+        code = stop_process(proc, timeout=max(deadline.left(), 5.0))
+        when = visible()
+        rows = DeltaTable(f"s3://{LAKE}/{SPARK_TABLE}", storage_options=moto.delta_options()).to_pyarrow_table()
+        per_file = dict(zip(*[c.to_pylist() for c in pc.value_counts(rows.column("file")).flatten()], strict=True))
+        exactly_once = all(per_file.get(i, 0) == args.rows for i in [WARMUP_FILE, *range(len(puts))]) \
+            and rows.num_rows == (len(puts) + 1) * args.rows
+        out = {"mode": "spark", "files": len(puts), "exactly_once": exactly_once, "exit_code": code,
+               "startup_s": round(startup_s, 1),
+               "latency_s": percentiles([when[name] - put["done"] for name, put in names.items()]),
+               "commits": len({when[name] for name in names})}
+        say(f"[spark] latency p50 {out['latency_s']['p50']} s, p99 {out['latency_s']['p99']} s; "
+            f"exactly once: {exactly_once}")
+        return out
+    except BaseException:
+        say(f"[spark] peer log tail:\n{log_tail(log_path)}")
+        raise
+    finally:
+        kill_group(proc)
 
 
 # --------------------------------------------------------------------------- moto
@@ -575,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10.0, help="files per second (default 10)")
     p.add_argument("--seconds", type=float, default=60.0, help="how long files are PUT (default 60)")
     p.add_argument("--rows", type=int, default=10, help="rows per file (default 10)")
-    p.add_argument("--modes", default="notify,listing", help="notify, listing or both (default)")
+    p.add_argument("--modes", default="notify,listing,spark",
+                   help="any of notify, listing and spark (the Spark peer), comma-separated (default: all)")
     p.add_argument("--reconcile-interval", type=float, default=1.0,
                    help="listing mode: reconcile_interval_s (default 1)")
     p.add_argument("--trigger", type=float, default=1.0, help="the daemon's spark.trigger_interval_s (default 1)")
@@ -591,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.moto_server:
         return serve_moto()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - {"notify", "listing"} or len(set(modes)) != len(modes):
-        p.error("--modes: notify, listing or notify,listing")
+    if not modes or set(modes) - {"notify", "listing", "spark"} or len(set(modes)) != len(modes):
+        p.error("--modes: any of notify, listing and spark, comma-separated")
     if args.rate <= 0 or args.seconds <= 0 or args.rows <= 0 or args.reconcile_interval <= 0 or args.trigger <= 0 \
             or args.poll <= 0 or args.put_threads <= 0 or round(args.rate * args.seconds) < 1:
         p.error("--rate, --seconds, --rows, --reconcile-interval, --trigger, --poll and --put-threads must be > 0")
@@ -610,14 +656,14 @@ def main(argv: list[str] | None = None) -> int:
         "ok": False, "workdir": str(work)}
     moto: Moto | None = None
     try:
-        report["spark_s3a"] = spark_s3a_check()
-        say(f"workdir {work}; Spark file source on s3a:// usable: {report['spark_s3a']['usable']}")
+        say(f"workdir {work}")
         moto = Moto(deadline)
         report["moto_version"] = __import__("moto").__version__
         say(f"moto on {moto.endpoint}")
         results = {}
         for mode in modes:
-            results[mode] = run_mode(mode, moto, work / mode, args, deadline)
+            results[mode] = (run_spark if mode == "spark" else partial(run_mode, mode))(moto, work / mode, args,
+                                                                                         deadline)
         report["modes"] = results
         failed = [m for m, r in results.items() if not r["exactly_once"]]
         if "notify" in results:
@@ -627,7 +673,14 @@ def main(argv: list[str] | None = None) -> int:
                                   "p99": lat["p99"] is not None and lat["p99"] <= GOAL_P99_S}
             report["goal_met_by_upper_bound"] = {"p50": seen["p50"] is not None and seen["p50"] <= GOAL_P50_S,
                                                  "p99": seen["p99"] is not None and seen["p99"] <= GOAL_P99_S}
-        if len(results) == 2:
+        if "notify" in results and "spark" in results:
+            n, sp = results["notify"]["latency_s"], results["spark"]["latency_s"]
+            report["notify_over_spark"] = {"p50": ratio(n["p50"], sp["p50"], 2), "p99": ratio(n["p99"], sp["p99"], 2)}
+            report["goal_vs_spark_met"] = report["notify_over_spark"]["p50"] is not None \
+                and report["notify_over_spark"]["p50"] <= GOAL_VS_SPARK
+            say(f"notify / Spark peer: p50 x{report['notify_over_spark']['p50']}, "
+                f"p99 x{report['notify_over_spark']['p99']} (goal p50 <= {GOAL_VS_SPARK})")
+        if "notify" in results and "listing" in results:
             n, li = results["notify"]["latency_s"], results["listing"]["latency_s"]
             report["listing_over_notify"] = {"p50": ratio(li["p50"], n["p50"], 2), "p99": ratio(li["p99"], n["p99"], 2)}
             say(f"listing / notify: p50 x{report['listing_over_notify']['p50']}, "

@@ -57,7 +57,8 @@ def check_cdc_merge(r: dict[str, Any]) -> None:
         positive(size, "ratio_lakefeed_vs_bare", "ratio_median", "ratio_paired_median", "ratio_if_same_merge_time",
                  "ratio_bare_cdf_vs_nocdf", "process_peak_ratio_lakefeed_vs_bare",
                  "variants.bare.seconds", "variants.lakefeed.seconds", "variants.bare_nocdf.seconds",
-                 "variants.lakefeed.breakdown_s.merge_execute", "variants.lakefeed.breakdown_s.tombstones")
+                 "variants.lakefeed.breakdown_s.merge_execute", "variants.lakefeed.breakdown_s.tombstones",
+                 "variants.bare_spark.seconds", "ratio_bare_spark_vs_bare", "ratio_lakefeed_vs_faster_bare")
         assert size["variants"]["lakefeed"]["changes"] == size["checks"]["expected"]["change_feed_rows"]
 
 
@@ -81,8 +82,10 @@ def check_chaos(r: dict[str, Any]) -> None:
 def check_ingest_files(r: dict[str, Any]) -> None:
     completed(r)
     positive(r, "ratio", "ratio_vs_floor_with_changelog", "lakefeed_rows_per_s", "floor_rows_per_s",
-             "floor_with_changelog_rows_per_s", "latency_p50_s", "latency_p99_s")
-    assert r["daemon_exit_code"] == 0
+             "floor_with_changelog_rows_per_s", "latency_p50_s", "latency_p99_s", "spark_peer_rows_per_s",
+             "ratio_vs_spark_peer", "spark_peer_latency_p99_s")
+    assert r["daemon_exit_code"] == 0 and r["spark_peer"]["exit_code"] == 0
+    assert r["spark_peer"]["rows"] == r["rows"]
     assert r["batches"] >= 3  # 6 files, at most 2 per batch
     assert sum(c["rows"] for c in r["lakefeed_commits"]) == r["rows"] == r["files"] * r["rows_per_file"]
 
@@ -179,13 +182,16 @@ def check_s3_listing(r: dict[str, Any]) -> None:
 
 def check_s3_notify(r: dict[str, Any]) -> None:
     completed(r)
-    positive(r, "listing_over_notify.p50", "listing_over_notify.p99")
-    assert set(r["modes"]) == {"notify", "listing"}
+    positive(r, "listing_over_notify.p50", "listing_over_notify.p99", "notify_over_spark.p50")
+    assert set(r["modes"]) == {"notify", "listing", "spark"}
     for mode in r["modes"].values():
         assert mode["exactly_once"] is True
         assert mode["latency_s"]["count"] == mode["files"] == 10
-        positive(mode, "latency_s.p50", "latency_s.p99", "latency_seen_s.p50")
-        assert mode["daemon"]["exit_code"] == 0
+        positive(mode, "latency_s.p50", "latency_s.p99")
+    for name in ("notify", "listing"):
+        positive(r["modes"][name], "latency_seen_s.p50")
+        assert r["modes"][name]["daemon"]["exit_code"] == 0
+    assert r["modes"]["spark"]["exit_code"] == 0
     assert r["modes"]["notify"]["daemon"]["sqs_receives"] > 0  # each mode found the files its own way
     assert r["modes"]["listing"]["daemon"]["found_by_listings"] > 0
     assert r["modes"]["listing"]["daemon"]["sqs_receives"] == 0

@@ -1,0 +1,105 @@
+"""The stack a Spark user would pick instead of lakefeed, as a bench's peer, run as its own process.
+
+`csv`: plain PySpark Structured Streaming, `readStream.csv` on a landing folder into `writeStream.format("delta")`
+(delta-spark, the jars `lakefeed jars fetch` cached) with a checkpoint. It prints one line `ready` once the query
+runs and stops the query on SIGTERM.
+
+`visible(commits, checkpoint)` tells the bench when each landed file became visible: a streaming Delta commit
+names its micro-batch (its `txn` action), and the checkpoint's file-source log lists that batch's files.
+
+    python bench/_spark_peer.py csv LANDING TABLE CHECKPOINT --schema DDL [--trigger 0.5] [--master local[2]]
+                                    [--jars delta,s3a] [--conf KEY=VALUE ...] [--recursive]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+def run_csv(args: argparse.Namespace) -> int:
+    from pyspark.sql import SparkSession
+
+    from lakefeed.ops import jars
+
+    conf = {**jars.conf(*args.jars.split(",")), "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
+            "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false",
+            **dict(item.split("=", 1) for item in args.conf)}
+    builder = SparkSession.builder.master(args.master).appName("spark-peer")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stream = (spark.readStream.schema(args.schema).option("header", "true")
+              .option("recursiveFileLookup", str(args.recursive).lower()).csv(args.landing))
+    query = (stream.writeStream.format("delta").option("checkpointLocation", args.checkpoint)
+             .trigger(processingTime=f"{args.trigger} seconds").start(args.table))
+    print("ready", flush=True)
+    while not stop.wait(0.2):
+        if query.exception() is not None:
+            print(f"query failed: {query.exception()}", file=sys.stderr)
+            return 1
+    query.stop()
+    spark.stop()
+    return 0
+
+
+def local_commits(table: Path) -> list[str]:
+    """The texts of a local Delta table's commit files, oldest first."""
+    return [commit.read_text() for commit in sorted((table / "_delta_log").glob("*.json"))]
+
+
+def visible(commits: list[str], checkpoint: Path) -> dict[str, float]:
+    """File name -> time (s) of the Delta commit that made its rows visible, for these commits (their texts)."""
+    out: dict[str, float] = {}
+    for commit in commits:
+        actions = [json.loads(line) for line in commit.splitlines() if line.strip()]
+        batch = next((a["txn"]["version"] for a in actions if "txn" in a), None)
+        when = next((a["commitInfo"]["timestamp"] / 1000 for a in actions if "commitInfo" in a), None)
+        if batch is None or when is None:
+            continue
+        for name in _batch_files(checkpoint / "sources" / "0", batch):
+            out.setdefault(name, when)
+    return out
+
+
+def _batch_files(log: Path, batch: int) -> list[str]:
+    """The files of one micro-batch in the file source's log (a batch's own file, or a compacted one)."""
+    candidates = [log / str(batch), log / f"{batch}.compact", *sorted(log.glob("*.compact"))]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        entries = [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
+        names = [Path(unquote(urlparse(e["path"]).path)).name for e in entries if e.get("batchId", batch) == batch]
+        if names:
+            return names
+    return []
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="kind", required=True)
+    csv = sub.add_parser("csv")
+    csv.add_argument("landing")
+    csv.add_argument("table")
+    csv.add_argument("checkpoint")
+    csv.add_argument("--schema", required=True, help="the CSV's columns as Spark DDL")
+    csv.add_argument("--trigger", type=float, default=0.5)
+    csv.add_argument("--master", default="local[2]")
+    csv.add_argument("--jars", default="delta", help="which of lakefeed's cached Spark packages to load")
+    csv.add_argument("--conf", action="append", default=[], help="more Spark conf, KEY=VALUE")
+    csv.add_argument("--recursive", action="store_true", help="files in subfolders too (recursiveFileLookup)")
+    args = p.parse_args()
+    return run_csv(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
