@@ -1,14 +1,16 @@
 """The stack a Spark user would pick instead of lakefeed, as a bench's peer, run as its own process.
 
 `csv`: plain PySpark Structured Streaming, `readStream.csv` on a landing folder into `writeStream.format("delta")`
-(delta-spark, the jars `lakefeed jars fetch` cached) with a checkpoint. It prints one line `ready` once the query
-runs and stops the query on SIGTERM.
+(delta-spark, the jars `lakefeed jars fetch` cached) with a checkpoint. `kafka`: Spark's own Kafka source
+(`readStream.format("kafka")`, JSON values parsed with `from_json`) into the same kind of table. Either prints one
+line `ready` once the query runs and stops the query on SIGTERM.
 
 `visible(commits, checkpoint)` tells the bench when each landed file became visible: a streaming Delta commit
 names its micro-batch (its `txn` action), and the checkpoint's file-source log lists that batch's files.
 
     python bench/_spark_peer.py csv LANDING TABLE CHECKPOINT --schema DDL [--trigger 0.5] [--master local[2]]
                                     [--jars delta,s3a] [--conf KEY=VALUE ...] [--recursive]
+    python bench/_spark_peer.py kafka BOOTSTRAP TOPIC TABLE CHECKPOINT --schema DDL [--max-offsets N] [...]
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 
-def run_csv(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
+    from pyspark.sql.functions import col, from_json
 
     from lakefeed.ops import jars
 
@@ -38,8 +41,14 @@ def run_csv(args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stream = (spark.readStream.schema(args.schema).option("header", "true")
-              .option("recursiveFileLookup", str(args.recursive).lower()).csv(args.landing))
+    if args.kind == "csv":
+        stream = (spark.readStream.schema(args.schema).option("header", "true")
+                  .option("recursiveFileLookup", str(args.recursive).lower()).csv(args.landing))
+    else:
+        messages = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+                    .option("subscribe", args.topic).option("startingOffsets", "earliest")
+                    .option("maxOffsetsPerTrigger", str(args.max_offsets)).load())
+        stream = messages.select(from_json(col("value").cast("string"), args.schema).alias("v")).select("v.*")
     query = (stream.writeStream.format("delta").option("checkpointLocation", args.checkpoint)
              .trigger(processingTime=f"{args.trigger} seconds").start(args.table))
     print("ready", flush=True)
@@ -89,16 +98,20 @@ def main() -> int:
     sub = p.add_subparsers(dest="kind", required=True)
     csv = sub.add_parser("csv")
     csv.add_argument("landing")
-    csv.add_argument("table")
-    csv.add_argument("checkpoint")
-    csv.add_argument("--schema", required=True, help="the CSV's columns as Spark DDL")
-    csv.add_argument("--trigger", type=float, default=0.5)
-    csv.add_argument("--master", default="local[2]")
-    csv.add_argument("--jars", default="delta", help="which of lakefeed's cached Spark packages to load")
-    csv.add_argument("--conf", action="append", default=[], help="more Spark conf, KEY=VALUE")
+    kafka = sub.add_parser("kafka")
+    kafka.add_argument("bootstrap")
+    kafka.add_argument("topic")
+    kafka.add_argument("--max-offsets", type=int, default=200_000, help="maxOffsetsPerTrigger")
     csv.add_argument("--recursive", action="store_true", help="files in subfolders too (recursiveFileLookup)")
-    args = p.parse_args()
-    return run_csv(args)
+    for kind in (csv, kafka):
+        kind.add_argument("table")
+        kind.add_argument("checkpoint")
+        kind.add_argument("--schema", required=True, help="the rows' columns as Spark DDL")
+        kind.add_argument("--trigger", type=float, default=0.5)
+        kind.add_argument("--master", default="local[2]")
+        kind.add_argument("--jars", default="delta", help="which of lakefeed's cached Spark packages to load")
+        kind.add_argument("--conf", action="append", default=[], help="more Spark conf, KEY=VALUE")
+    return run(p.parse_args())
 
 
 if __name__ == "__main__":

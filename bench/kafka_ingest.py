@@ -74,6 +74,7 @@ sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixt
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+from _apache_kafka import COORDINATE, ApacheKafka  # noqa: E402  (after tests/ is on sys.path)
 from _common import (  # noqa: E402  (bench/ is the script folder, so on sys.path)
     BenchError,
     Deadline,
@@ -84,6 +85,7 @@ from _common import (  # noqa: E402  (bench/ is the script folder, so on sys.pat
     parse_args,
     publish,
     say,
+    stop_process,
     workdir,
 )
 from deltalake import DeltaTable  # noqa: E402
@@ -95,6 +97,8 @@ ENTITY = "bench"
 STREAM = "topic"
 TOPIC = "bench"
 GOAL_RATIO = 0.8
+GOAL_VS_SPARK = 1.0
+PEER_SCHEMA = "id long, customer string, amount double, ts timestamp, country string"
 MAX_RECORDS = 100_000  # per poll() of the raw loop
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SMOKE = {"messages": 10_000, "partitions": 2, "max_offsets": "5000", "timeout": 300.0}
@@ -209,18 +213,18 @@ def _machine_busy() -> float:
 
 
 class Cpu:
-    """CPU seconds so far of this process, tansu, a daemon's session by kind, and the whole machine."""
+    """CPU seconds so far of this process, the broker, a daemon's session by kind, and the whole machine."""
 
     def __init__(self, broker_pid: int | None, daemon_pid: int | None = None) -> None:
         self.broker_pid, self.daemon_pid = broker_pid, daemon_pid
         self.seen: dict[int, str] = {}  # every process of the daemon's session seen, and its kind
 
     def sample(self) -> dict[str, float]:
-        out = {"at": time.time(), "bench": time.process_time(), "machine": _machine_busy(), "tansu": 0.0,
+        out = {"at": time.time(), "bench": time.process_time(), "machine": _machine_busy(), "broker": 0.0,
                "daemon_driver": 0.0, "daemon_jvm": 0.0, "daemon_workers": 0.0}
         if self.broker_pid is not None:
             try:
-                out["tansu"] = _stat(self.broker_pid)[3]
+                out["broker"] = _stat(self.broker_pid)[3]
             except OSError:
                 pass
         if self.daemon_pid is None:
@@ -245,7 +249,7 @@ class Cpu:
     def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         """CPU seconds between two samples; `others`: the rest of the machine (other programs)."""
         out = {k: round(after[k] - before[k], 2) for k in before if k != "at"}
-        mine = out["bench"] + out["tansu"] + out["daemon_driver"] + out["daemon_jvm"] + out["daemon_workers"]
+        mine = out["bench"] + out["broker"] + out["daemon_driver"] + out["daemon_jvm"] + out["daemon_workers"]
         out["others"] = round(out["machine"] - mine, 2)
         out["wall_s"] = round(after["at"] - before["at"], 2)
         return out
@@ -305,7 +309,7 @@ def raw_consume(bootstrap: str, partitions: int, messages: int, decode: bool, ch
     spent = Cpu.spent(before, cpu.sample())
     return {"per_s": round(messages / elapsed), "elapsed_s": round(elapsed, 3), "polls": polls,
             "cpu_us_per_msg": round(spent["bench"] / messages * 1e6, 2),
-            "tansu_cpu_us_per_msg": round(spent["tansu"] / messages * 1e6, 2), "cpu": spent}
+            "broker_cpu_us_per_msg": round(spent["broker"] / messages * 1e6, 2), "cpu": spent}
 
 
 def raw_round(bootstrap: str, partitions: int, messages: int, broker_pid: int | None, deadline: Deadline,
@@ -451,7 +455,7 @@ def run_lakefeed(work: Path, broker: Broker, partitions: int, messages: int, max
             "startup_to_ready_s": round(ready_at - t_launch, 2) if ready_at else None,
             "first_batch_started_after_launch_s": round(t0 - t_launch, 2),
             "cpu_us_per_msg": round(daemon_cpu / messages * 1e6, 2),
-            "tansu_cpu_us_per_msg": round(spent["tansu"] / messages * 1e6, 2),
+            "broker_cpu_us_per_msg": round(spent["broker"] / messages * 1e6, 2),
             "cpu": spent,
             # The time inside Spark's batches: processing (foreachBatch's work) vs the rest.
             "time_split": {
@@ -493,6 +497,56 @@ def run_lakefeed(work: Path, broker: Broker, partitions: int, messages: int, max
         for p in (spy, proc):
             if p is not None:
                 kill_group(p)
+
+
+# --------------------------------------------------------------------------- Spark peer
+
+
+def run_spark_peer(work: Path, broker: Broker, messages: int, max_offsets: int, args, deadline: Deadline) -> dict:
+    """Spark's own Kafka source into delta-spark over the same topic, timed as lakefeed is: from its checkpoint's
+    offsets/0 to the Delta commit that makes the last message visible."""
+    work.mkdir(parents=True)
+    table, checkpoint, log_path = work / "table", work / "checkpoint", work / "spark.log"
+    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "kafka", broker.bootstrap, TOPIC,
+           str(table), str(checkpoint), "--schema", PEER_SCHEMA, "--max-offsets", str(max_offsets),
+           "--trigger", str(args.trigger_interval), "--jars", "delta,kafka"]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+                                start_new_session=True, text=True)
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
+        rows, commits, seen = 0, [], set()
+        while rows < messages:
+            deadline.check(f"waiting for the Spark peer's table ({rows}/{messages} rows)")
+            if proc.poll() is not None:
+                raise BenchError(f"the Spark peer exited with {proc.returncode}: {log_tail(log_path)}")
+            for path in sorted((table / "_delta_log").glob("*.json")):
+                if path.name in seen:
+                    continue
+                seen.add(path.name)
+                actions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                added = sum(json.loads(a["add"].get("stats") or "{}").get("numRecords", 0)
+                            for a in actions if "add" in a)
+                when = next(a["commitInfo"]["timestamp"] / 1000 for a in actions if "commitInfo" in a)
+                rows += added
+                commits.append({"rows": added, "visible": when})
+            time.sleep(0.2)
+        t0 = _mtime(checkpoint / "offsets" / "0")
+        if t0 is None:
+            raise BenchError("the Spark peer's checkpoint has no offsets/0")
+        elapsed = max(c["visible"] for c in commits) - t0
+        ids = DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).column("id")
+        if len(ids) != messages or pc.count_distinct(ids).as_py() != messages:
+            raise BenchError(f"the Spark peer's table holds {len(ids)} rows, expected {messages} distinct ids")
+        return {"per_s": round(messages / elapsed), "elapsed_s": round(elapsed, 3), "max_offsets_per_trigger":
+                max_offsets, "batches": len([c for c in commits if c["rows"]]),
+                "exit_code": stop_process(proc, timeout=max(deadline.left(), 5.0))}
+    except BaseException:
+        say("Spark peer log tail:\n" + log_tail(log_path))
+        raise
+    finally:
+        kill_group(proc)
 
 
 # --------------------------------------------------------------------------- profile
@@ -651,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-offsets", default="200000,500000",
                    help="max_offsets_per_trigger values, comma-separated: one daemon run each")
     p.add_argument("--trigger-interval", type=float, default=0.5)
+    p.add_argument("--broker", choices=("kafka", "tansu"), default="kafka",
+                   help="Apache Kafka (default; its jars from Maven Central, cached once) or tansu; Spark's own "
+                        "Kafka source, the peer, needs Apache Kafka: tansu under-reports end offsets")
     p.add_argument("--profile", action="store_true", help="one more, untimed daemon run under py-spy")
     p.add_argument("--no-components", action="store_true", help="skip the measurement outside Spark")
     p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
@@ -669,9 +726,11 @@ def main(argv: list[str] | None = None) -> int:
                               "trigger_interval_s": args.trigger_interval, "cpus": os.cpu_count(),
                               "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                               "ok": False, "workdir": str(work)}
-    broker = Broker(work / "tansu.log")
+    broker = ApacheKafka(work / "kafka") if args.broker == "kafka" else Broker(work / "tansu.log")
+    report["broker"] = "Apache Kafka " + COORDINATE.rsplit(":", 1)[1] if args.broker == "kafka" else "tansu"
+    (work / "kafka").mkdir(exist_ok=True)
     try:
-        say(f"workdir {work}; starting tansu on {broker.bootstrap}")
+        say(f"workdir {work}; starting {report['broker']} on {broker.bootstrap}")
         broker.start()
         broker.create_topic(TOPIC, parts)
         say(f"producing {n:,} messages to {parts} partitions")
@@ -699,6 +758,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run['ratio_vs_raw_json']} (consume + json.loads)")
 
         best = max(runs, key=lambda r: r["per_s"])
+        if args.broker == "kafka":
+            say("Spark peer: Spark's Kafka source -> delta-spark")
+            peer = run_spark_peer(work / "spark-peer", broker, n, best["max_offsets_per_trigger"], args, deadline)
+            report["spark_peer"] = peer
+            report["ratio_vs_spark_peer"] = round(best["per_s"] / peer["per_s"], 3)
+            report["goal_vs_spark_peer_met"] = report["ratio_vs_spark_peer"] >= GOAL_VS_SPARK
+            say(f"  Spark peer {peer['per_s']:,} msg/s: lakefeed x{report['ratio_vs_spark_peer']} "
+                f"(goal >= {GOAL_VS_SPARK})")
         raw_cpu = _mean(*(r["consume"]["cpu_us_per_msg"] for r in rounds))
         raw_json_cpu = _mean(*(r["consume_json"]["cpu_us_per_msg"] for r in rounds))
         report.update({

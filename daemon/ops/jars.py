@@ -45,34 +45,44 @@ def cache_dir() -> Path:
 
 def fetch() -> None:
     """Resolve every package not yet in the cache (with its dependencies, as Spark's Ivy resolves them)."""
+    for name, coordinate in packages().items():
+        resolve(name, coordinate)
+
+
+def resolve(name: str, coordinate: str) -> list[Path]:
+    """The jars of one Maven package, from the cache, resolved by Spark's Ivy into it first if not there yet."""
     from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway
 
+    if (cached := _cached(name, coordinate)) is not None:
+        log.get("lakefeed.jars").info("jars.cached", package=coordinate)
+        return cached
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    for name, coordinate in packages().items():
-        if _cached(name, coordinate) is not None:
-            log.get("lakefeed.jars").info("jars.cached", package=coordinate)
-            continue
-        ivy = cache_dir() / name
-        gateway = launch_gateway(SparkConf().set("spark.jars.packages", coordinate).set("spark.jars.ivy", str(ivy)))
-        try:
-            urls = gateway.jvm.System.getProperty("spark.jars") or ""
-        finally:
-            gateway.shutdown()
-            gateway.proc.stdin.close()
-            gateway.proc.wait(timeout=60)
-        resolved = [Path(url.removeprefix("file://")) for url in urls.split(",") if url]
-        if not resolved:
-            raise TerminalError(f"Spark's Ivy resolved no jar for {coordinate}; its messages above say why")
-        # Ivy names a jar <org>_<artifact>-<version>.jar; pyspark's own copy of one (hadoop-client-*, ...) is
-        # loaded first anyway, so it is not shipped twice.
-        own = {jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-        jars = [jar for jar in resolved if jar.name.partition("_")[2] not in own]
-        for unused in set(resolved) - set(jars):
-            unused.unlink()
-        shutil.rmtree(ivy / "cache", ignore_errors=True)  # Ivy's download cache: the jars are copied out of it
-        _listing(name).write_text("\n".join([coordinate, *(str(jar.relative_to(cache_dir())) for jar in jars)]) + "\n")
-        log.get("lakefeed.jars").info("jars.fetched", package=coordinate, jars=len(jars))
+    ivy = cache_dir() / name
+    gateway = launch_gateway(SparkConf().set("spark.jars.packages", coordinate).set("spark.jars.ivy", str(ivy)))
+    try:
+        urls = gateway.jvm.System.getProperty("spark.jars") or ""
+    finally:
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(timeout=60)
+    resolved = [Path(url.removeprefix("file://")) for url in urls.split(",") if url]
+    if not resolved:
+        raise TerminalError(f"Spark's Ivy resolved no jar for {coordinate}; its messages above say why")
+    # Ivy names a jar <org>_<artifact>-<version>.jar; pyspark's own copy of one (hadoop-client-*, ...) is
+    # loaded first anyway, so it is not shipped twice.
+    jars = [jar for jar in resolved if jar.name.partition("_")[2] not in own_jars()]
+    for unused in set(resolved) - set(jars):
+        unused.unlink()
+    shutil.rmtree(ivy / "cache", ignore_errors=True)  # Ivy's download cache: the jars are copied out of it
+    _listing(name).write_text("\n".join([coordinate, *(str(jar.relative_to(cache_dir())) for jar in jars)]) + "\n")
+    log.get("lakefeed.jars").info("jars.fetched", package=coordinate, jars=len(jars))
+    return jars
+
+
+def own_jars() -> dict[str, Path]:
+    """The jars pyspark ships, by file name."""
+    return {jar.name: jar for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
 
 
 def conf(*names: str) -> dict[str, str]:
