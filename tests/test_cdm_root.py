@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -99,8 +98,7 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
     landing = tmp_path / "landing"
     _tree(landing)
     path = _config(tmp_path, overrides={"Orders": {"cdc": {"strategy": "upsert", "primary_key": ["id"]}}})
-    daemon = Daemon(path, tmp_path / "daemon.log")
-    try:
+    with Daemon(path, tmp_path / "daemon.log") as daemon:
         daemon.start()
         land(landing / "sales" / "a.csv", "id,v\n1,a\n2,a\n")
         land(landing / "shop" / "orders" / "o1.csv", "id,v\n1,x\n")
@@ -146,8 +144,4 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
         assert returns["id"].to_pylist() == [7]
         assert partitions(shop, "Orders", "incrementalPartitions") == ["orders/o1.csv", "orders/o2.csv"]
         assert daemon.events("config.changed") == 1
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop(60)

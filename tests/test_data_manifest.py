@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -180,8 +179,7 @@ def test_the_daemon_keeps_the_entities_of_a_data_manifest_current(tmp_path):
     _movielens(folder)
     path = write_config(tmp_path, [{"data_manifest": "ml/data.yml"}])
     lake = tmp_path / "lake"
-    daemon = Daemon(path, tmp_path / "daemon.log")
-    try:
+    with Daemon(path, tmp_path / "daemon.log") as daemon:
         daemon.start()
         wait_for(lambda: len(_rows(lake / "rating" / "table")) == 28 and len(_rows(lake / "movie" / "table")) == 5
                  and len(_rows(lake / "user" / "table")) == 7 and len(_rows(lake / "item" / "table")) == 5
@@ -214,11 +212,7 @@ def test_the_daemon_keeps_the_entities_of_a_data_manifest_current(tmp_path):
         wait_for(lambda: sorted(r["name"] for r in _rows(lake / "genre" / "table")) == ["Comedy", "Drama"], 90,
                  0.5, "the entity the manifest gained")
         assert daemon.events("reload.applied") >= 1
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop(60)
     assert yaml.safe_load((folder / "data.yml").read_text())["genres"]["entity"] == "genre"
 
 
@@ -421,7 +415,7 @@ def test_the_daemon_keeps_two_rating_files_apart_across_a_replacement(tmp_path):
     def ids(entity: str) -> set:
         return {r["id"] for r in _rows(lake / entity / "table")}
 
-    try:
+    with daemon:
         daemon.start()
         wait_for(lambda: _by_key(lake / "rating" / "table", "user", "rating") == {
             ("a.tsv", 1): (1, 4.0), ("a.tsv", 2): (2, 3.0), ("b.tsv", 1): (3, 5.0), ("b.tsv", 2): (4, 2.0)}
@@ -438,8 +432,4 @@ def test_the_daemon_keeps_two_rating_files_apart_across_a_replacement(tmp_path):
             ops.setdefault((r["file"], r["id"]), []).append(r["op"])
         assert ops == {("a.tsv", 1): [0], ("a.tsv", 2): [0], ("a.tsv", 3): [0], ("b.tsv", 1): [0, 2, 3],
                        ("b.tsv", 2): [0, 1]}  # a's rows never touched by b's replacement
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop(60)

@@ -30,9 +30,7 @@ def cluster(tmp_path):
     config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
     daemon = Daemon(config, tmp_path / "daemon.log")
     yield tmp_path, daemon, config_module.load(config).entities[0]
-    if daemon.proc is not None and daemon.proc.poll() is None:
-        daemon.proc.kill()
-        daemon.proc.wait()
+    daemon.kill()
 
 
 def _workers(table: Path) -> set[int]:
@@ -95,13 +93,8 @@ def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_stan
     spark = {"master": spark_standalone.url, "trigger_interval_s": 0.2,
              "conf": {"spark.executor.cores": "1", "spark.executor.memory": "512m"}}
     config = write_config(tmp_path, [entity], spark=spark)
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         _files_are_worked_by_two_executors(tmp_path, daemon, config_module.load(config).entities[0])
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
 
 
 def _read_bytes(pid: int) -> int:
@@ -135,8 +128,7 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> N
         assert backend, f"pid {pid} is not under an executor: {above}"
         executors.add(backend[0])
     assert len(executors) == 2  # the work was spread over both executors
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(90) == 0
+    daemon.stop()
     changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
     assert sorted(changelog["offset"].to_pylist()) == list(range(16 * rows_per_file))
     assert sorted(changelog["id"].to_pylist()) == list(range(16 * rows_per_file))
@@ -154,8 +146,7 @@ def test_sigkill_of_the_daemon_mid_batch_on_a_cluster_loses_and_doubles_nothing(
     for n in range(6, 10):
         land(landing / f"f{n:03d}.csv", _csv(n))
     wait_for(lambda: _table_rows(cfg.table) == 10 * ROWS_PER_FILE, 180, 0.3, "every row")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(90) == 0
+    daemon.stop()
     _expect_exactly(cfg, 10)
 
 
@@ -171,8 +162,7 @@ def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
     assert once.exists(), "no executor was killed"
     assert daemon.events("files.orphans_removed") >= 1
     assert daemon.proc.poll() is None
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(90) == 0
+    daemon.stop()
     _expect_exactly(cfg, 8)
 
 
@@ -186,8 +176,7 @@ def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_on
     config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2},
                           shutdown_timeout_s=3)
     cfg = config_module.load(config).entities[0]
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start(env={"LAKEFEED_FAILPOINT": "hang:task.written"})
         for n in range(4):
             land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
@@ -200,13 +189,8 @@ def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_on
         assert daemon.events("batch.abandoned") == 1
         daemon.start()
         wait_for(lambda: _table_rows(cfg.table) == 4 * ROWS_PER_FILE, 180, 0.3, "every row")
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
+        daemon.stop()
         _expect_exactly(cfg, 4)
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
 
 
 def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path):
@@ -220,8 +204,7 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
     assert TOKEN
     lake = config_module.load(config)
     events, accounts = lake.entities
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start()
         client = Client(tmp_path / "state")
         for n in range(30):
@@ -231,17 +214,12 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
         wait_for(lambda: sorted(DeltaTable(str(accounts.table)).to_pyarrow_table()["v"].to_pylist())
                  == sorted(f"r{n}" for n in range(23, 30)), 180, 0.3, "the last value of each account")
         _worked_in_executors(daemon, (events, accounts))
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
+        daemon.stop()
         rows = DeltaTable(str(events.table)).to_pyarrow_table()
         assert sorted(rows["id"].to_pylist()) == list(range(300))
         changelog = DeltaTable(str(events.changelog)).to_pyarrow_table()
         assert sorted(changelog["offset"].to_pylist()) == list(range(300))
         assert verify(events) == [] and verify(accounts) == []
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
 
 
 def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, kafka_broker):  # noqa: F811
@@ -254,19 +232,13 @@ def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, 
              "kafka": [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topics": ["clicks"]}]}
     config = write_config(tmp_path, [clicks, users], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
     lake = config_module.load(config)
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start()
         kafka_broker.produce("clicks", [{"id": i % 50, "n": i} for i in range(600)])
         wait_for(lambda: _table_rows(lake.entity("clicks").table) == 600, 180, 0.3, "every message")
         wait_for(lambda: _table_rows(lake.entity("users").table) == 50, 180, 0.3, "every user")
         _worked_in_executors(daemon, lake.entities)
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
+        daemon.stop()
     rows = DeltaTable(str(lake.entity("clicks").table)).to_pyarrow_table()
     assert sorted(rows["n"].to_pylist()) == list(range(600))
     changelog = DeltaTable(str(lake.entity("clicks").changelog)).to_pyarrow_table()

@@ -102,8 +102,7 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
                  "kafka": [{"name": "cdc", "bootstrap_servers": broker.bootstrap, "pattern": "cust.*"}]}
     config = write_config(tmp_path, [orders, customers], spark={"master": "local[2]", "trigger_interval_s": 0.3})
     table = tmp_path / "lake" / "orders" / "table"
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start(env={"LAKEFEED_FAILPOINT": "manifest.written"})  # killed once its first batch committed
         broker.produce("orders", [{"id": i, "v": "x"} for i in range(600)])
         _send_raw(broker.bootstrap, "orders", [b"not json", b"[1, 2]", b"null", b"   "])  # JSON null: not a row
@@ -136,11 +135,7 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
         wait_for(lambda: len(_table(table)) >= 1000, 180, 0.5, "every order")
         wait_for(lambda: {r["id"]: r["name"] for r in _table(tmp_path / "lake" / "customers" / "table")}
                  == {1: "ada l."}, 60, 0.3, "the customers' state")
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop()
     rows = _table(table)
     assert sorted(r["id"] for r in rows) == list(range(1000))  # every message once
     assert {r["kafka_topic"] for r in rows} == {"orders"} and {r["kafka_partition"] for r in rows} == {0, 1, 2}
@@ -162,8 +157,7 @@ def test_a_broker_that_lost_its_data_stops_the_source_with_a_clear_error(tmp_pat
                                          "topics": ["lost"], "retry_timeout_s": 30}]}
     config = write_config(tmp_path, [entity], spark={"master": "local[2]", "trigger_interval_s": 0.3})
     broker.produce("lost", [{"id": i} for i in range(20)])
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start()
         wait_for(lambda: len(_table(tmp_path / "lake" / "lost" / "table")) == 20, 60, 0.3, "the first records")
         broker.restart()  # the daemon's own metadata requests may recreate the topic, empty
@@ -173,8 +167,4 @@ def test_a_broker_that_lost_its_data_stops_the_source_with_a_clear_error(tmp_pat
                        if '"event": "entity.failed"' in line)
         assert failure["entity"] == "lost" and "KafkaOffsetError" in failure["error"]
         assert "checkpoint" in failure["error"]
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop()

@@ -97,8 +97,7 @@ def test_a_kill_between_the_index_and_the_metadata_is_repaired_at_restart(tmp_pa
     path = write_config(tmp_path, [entity_yaml(cdc={"strategy": "upsert", "primary_key": ["id"]}, kartothek=KARTOTHEK,
                                                partition_by=["year"])])
     store, landing = tmp_path / "lake", tmp_path / "landing" / "sales"
-    daemon = Daemon(path, tmp_path / "daemon.log")
-    try:
+    with Daemon(path, tmp_path / "daemon.log") as daemon:
         daemon.start(env={"LAKEFEED_FAILPOINT": "kartothek.indices_written"})
         land(landing / "2024" / "01" / "a.csv", BATCHES[0]["2024/01/a.csv"])
         assert daemon.wait(60) == -signal.SIGKILL
@@ -108,11 +107,7 @@ def test_a_kill_between_the_index_and_the_metadata_is_repaired_at_restart(tmp_pa
         wait_for(lambda: (store / "sales.by-dataset-metadata.json").exists(), 60, 0.2, "the metadata")
         land(landing / "2024" / "02" / "b.csv", BATCHES[0]["2024/02/b.csv"])
         wait_for(lambda: daemon.events("kartothek.written") >= 2, 60, 0.2, "the second batch's metadata")
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
+        daemon.stop(60)
         assert check_dataset(store, "sales", "table") == []
         assert verify(config.load(path).entities[0]) == []
         assert len(list((store / "sales" / "indices" / "k").iterdir())) == 2  # the crash's orphans are gone
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -126,7 +125,7 @@ def test_the_daemon_takes_a_synapse_link_folder_out_of_order_and_twice(tmp_path)
     assert [e.name for e in config.load(path).entities] == ["account"]
     daemon = Daemon(path, tmp_path / "daemon.log")
     with_email = [*ACCOUNT, ("email", "string")]
-    try:
+    with daemon:
         daemon.start()
         # The later folder first: it has a column more, updates a1 and deletes a2.
         _folder(root, "2024-01-02T10.00.00Z", {"account": with_email}, {"account": (
@@ -158,11 +157,7 @@ def test_the_daemon_takes_a_synapse_link_folder_out_of_order_and_twice(tmp_path)
         wait_for(lambda: daemon.events("batch.committed") > committed, 90, 0.5, "the second delivery")
         assert rows() == {"a1": (3, "Contoso", "info@contoso.example"), "a3": (2, "Northwind", None)}
         assert earlier.exists()
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop(60)
 
 
 def test_tables_are_found_with_each_model_json_parsed_once_per_version(tmp_path, monkeypatch):

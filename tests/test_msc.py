@@ -140,8 +140,7 @@ def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through
                          msc={"landing": {"enabled": True}, "tables": {"enabled": True, "retain_versions": 3}})
     path = write_config(tmp_path, [entity])
     landing, lake = tmp_path / "landing", tmp_path / "lake" / "sales"
-    daemon = Daemon(path, tmp_path / "daemon.log")
-    try:
+    with Daemon(path, tmp_path / "daemon.log") as daemon:
         daemon.start()
         land(landing / "sales" / "a.csv", "id,v\n1,a\n2,a\n3,a\n")
         wait_for(lambda: daemon.events("batch.committed") >= 1, 60, 0.2, "the first batch")
@@ -153,8 +152,7 @@ def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through
 
         wait_for(lambda: len(_landed(landing)) == 2 and current(), 60, 0.5, "manifests of both batches")
         assert len(msc_listing(landing)) == 2  # sales/a.csv and sales/b.csv; lakefeed's own files are not listed
-        daemon.signal(15)
-        assert daemon.wait(60) == 0
+        daemon.stop(60)
 
         daemon.start(env={"LAKEFEED_FAILPOINT": "msc.parts_written"})  # killed after the commit, before an index
         land(landing / "sales" / "c.csv", "id,v\n5,c\n6,c\n")
@@ -175,17 +173,12 @@ def test_the_daemon_keeps_msc_manifests_of_its_landing_folder_and_tables_through
         (landing / "sales" / "a.csv").unlink()  # a local deletion: a removal, in the manifests but not the table
         wait_for(lambda: len(_landed(landing)) == 2 and current() and partitions() == {"b.csv", "c.csv"}, 60, 0.5,
                  "the deletion in the manifests")
-        daemon.signal(15)
-        assert daemon.wait(60) == 0
+        daemon.stop(60)
         (landing / "sales" / "b.csv").unlink()  # while the daemon is down: its listing at start finds it gone
         daemon.start()
         wait_for(lambda: current() and partitions() == {"c.csv"}, 60, 0.5, "the deletion found by the listing")
         assert msc_listing(landing).keys() == {"sales/c.csv"} and verify(cfg) == []
-        daemon.signal(15)
-        assert daemon.wait(60) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
+        daemon.stop(60)
 
 
 def test_on_s3_a_version_is_visible_only_once_its_index_is_written(tmp_path):

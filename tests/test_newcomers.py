@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -18,17 +17,11 @@ from tests.test_daemon_process import Daemon
 def test_spark_logs_only_errors_by_default_so_lakefeeds_events_stand_out(tmp_path):
     # A trigger shorter than a batch: Spark would warn that each batch is "falling behind".
     config = write_config(tmp_path, [entity_yaml()], spark={"master": "local[2]", "trigger_interval_s": 0.1})
-    daemon = Daemon(config, tmp_path / "daemon.log")
-    try:
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start()
         land(tmp_path / "landing" / "sales" / "a.csv", "id,amount\n1,2.5\n2,3.5\n")
         wait_for(lambda: daemon.events("batch.committed") >= 1, 60, 0.2, "a committed batch")
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait(90) == 0
-    finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
+        daemon.stop()
     lines = daemon.log.read_text(errors="replace").splitlines()
     events = {json.loads(line)["event"] for line in lines if line.startswith("{")}
     assert {"daemon.ready", "file.discovered", "batch.committed", "daemon.stopped"} <= events

@@ -104,9 +104,7 @@ def daemons():
     started: list[Daemon] = []
     yield started
     for daemon in started:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
+        daemon.kill()
 
 
 def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
@@ -183,8 +181,7 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
                     "--window-size=1200,900", f"{client.url}/"], capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
 
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(90) == 0
+    daemon.stop()
     assert not (tmp_path / "state" / "http.json").exists()
 
 
@@ -286,8 +283,7 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     producer.join()
     wait_for(lambda: set(acked) <= set(_ids(tmp_path / "lake" / "events" / "table")), 60, 0.3, "every push")
     wait_for(lambda: len(_ids(tmp_path / "lake" / "sales" / "table")) == landed, 60, 0.3, "every file")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(90) == 0
+    daemon.stop()
     events = _ids(tmp_path / "lake" / "events" / "table")
     assert len(events) == len(set(events)) and set(acked) <= set(events)
     assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == list(range(landed))
@@ -352,8 +348,7 @@ def test_sigterm_gives_up_a_hostile_file_batch_when_the_shutdown_timeout_is_up_a
     daemon.start()  # the batch is replayed whole; the acknowledged push is there once
     wait_for(lambda: sorted(_ids(tmp_path / "lake" / "sales" / "table")) == [1, 2, 3], 120, 0.5, "the replayed batch")
     wait_for(lambda: _ids(tmp_path / "lake" / "events" / "table") == [7], 60, 0.5, "the acknowledged push")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
 
 
 def test_a_stop_that_cannot_end_its_batch_exits_by_itself_after_the_grace(tmp_path, daemons):
@@ -382,8 +377,7 @@ def test_a_stop_that_cannot_end_its_batch_exits_by_itself_after_the_grace(tmp_pa
     assert daemon.proc.poll() is not None
     daemon.start()  # the stuck batch is replayed (no failpoint now)
     wait_for(lambda: _ids(tmp_path / "lake" / "sales" / "table") == [1], 60, 0.5, "the replayed batch")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
 
 
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):

@@ -120,9 +120,7 @@ def _multipart(server: s3_server.MotoServer, key: str, body: str) -> None:
 def daemon(tmp_path):
     d = Daemon(tmp_path / "lakefeed.yaml", tmp_path / "daemon.log")
     yield d
-    if d.proc is not None and d.proc.poll() is None:
-        d.proc.kill()
-        d.proc.wait()
+    d.kill()
 
 
 def test_sqs_notifications_land_each_object_once_and_the_bucket_manifest_follows(tmp_path, bucket, daemon):
@@ -147,8 +145,7 @@ def test_sqs_notifications_land_each_object_once_and_the_bucket_manifest_follows
     schema = bucket.client("s3").get_object(Bucket="landing", Key="sales.cdm.json")["Body"].read()
     assert json.loads(schema)["definitions"][0]["entityName"] == "sales"
     assert s3_server.depth(bucket, queue) == 0
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
     assert daemon.events("file.enqueued") == 4  # the duplicate multipart event was recognised
     log = daemon.log.read_text()
     assert SECRET not in log and '"access_key_id": "AKID\\u2026"' in log  # masked, and the key id shortened
@@ -183,8 +180,7 @@ def test_listings_find_what_lost_notifications_never_announced(tmp_path, bucket,
     objects = {"sales/date=2026-11-22/a.csv": "id,v\n1,a\n"}
     _put(bucket, "sales/date=2026-11-22/a.csv", objects["sales/date=2026-11-22/a.csv"])
     wait_for(lambda: _rows(bucket) == _expected(objects), 60, 0.3, "the notified object")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
 
     # Down: two objects land, and the queue loses their notifications.
     for key, body in {"sales/date=2026-11-21/b.csv": "id,v\n2,b\n", "sales/c.csv": "id,v\n3,c\n"}.items():
@@ -211,13 +207,11 @@ def test_listings_find_what_lost_notifications_never_announced(tmp_path, bucket,
     warnings = [json.loads(line) for line in daemon.log.read_text().splitlines()
                 if '"event": "source.missed_events"' in line]
     assert [w["level"] for w in warnings] == ["warning"] * 2 and sum(w["files"] for w in warnings) == 3
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
     daemon.start()  # a full listing at start-up reaches back to every date
     objects["sales/date=2020-01-01/old.csv"] = "id,v\n5,e\n"
     wait_for(lambda: _rows(bucket) == _expected(objects), 60, 0.3, "the old object, at the next start")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
 
 
 def _post(url: str, body: bytes, token: str | None = TOKEN, path: str = "/v1/entities/sales/notifications"
@@ -271,8 +265,7 @@ def test_sns_http_notifications_reach_the_webhook_and_bad_events_are_set_aside(t
     # Still running: the next object lands.
     _put(bucket, "sales/after.csv", "id,v\n9,z\n")
     wait_for(lambda: _rows(bucket) == _expected({**OBJECTS, "sales/after.csv": "id,v\n9,z\n"}), 60, 0.3, "later")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
 
 
 @pytest.mark.parametrize("point", ["sqs.received", "sqs.offered"])
@@ -290,8 +283,7 @@ def test_a_sigkill_around_the_queue_loses_nothing_and_duplicates_nothing(tmp_pat
     daemon.start()
     wait_for(lambda: _rows(bucket) == _expected(OBJECTS) and s3_server.depth(bucket, queue) == 0, 60, 0.3,
              "every object once, and the queue empty")
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
     assert _rows(bucket) == _expected(OBJECTS)
 
 
@@ -338,6 +330,5 @@ def test_minio_events_on_a_kafka_topic_are_ingested_and_committed(tmp_path, buck
     wait_for(lambda: committed() == len(values), 30, 0.3, "the group's offset past every record")
     aside = (tmp_path / "state" / "sales" / "poison.jsonl").read_text()
     assert f"kafka/{topic}/0/3" in aside and "Records is not a non-empty list" in aside
-    daemon.signal(signal.SIGTERM)
-    assert daemon.wait(60) == 0
+    daemon.stop(60)
     assert daemon.events("file.enqueued") == len(OBJECTS)
