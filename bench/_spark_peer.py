@@ -18,10 +18,24 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from _common import BenchError, kill_group, log_tail  # bench/ is the script folder, so on sys.path
+
+
+def start(args: list[str], log_path: Path) -> subprocess.Popen:
+    """Run this file with `args` (its stderr into `log_path`) until it prints `ready`; the caller stops it."""
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=log_file, start_new_session=True, text=True)
+    if proc.stdout.readline().strip() != "ready":  # the peer prints `ready` or exits
+        kill_group(proc)
+        raise BenchError(f"the Spark peer did not start ({proc.returncode}): {log_tail(log_path)}")
+    return proc
 
 
 def run(args: argparse.Namespace) -> int:

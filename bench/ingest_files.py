@@ -331,17 +331,11 @@ def run_spark_peer(work: Path, staging: Path, names: list[str], rows: int, args,
     landing, table = peer / "landing", peer / "table"
     landing.mkdir(parents=True, exist_ok=True)
     log_path = peer / "spark.log"
-    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "csv", str(landing), str(table),
-           str(peer / "checkpoint"), "--schema", PEER_SCHEMA, "--trigger", str(args.trigger_interval),
-           "--master", getattr(args, "master", "local[2]")]
     t0 = time.time()
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                                start_new_session=True, text=True)
+    proc = _spark_peer.start(["csv", str(landing), str(table), str(peer / "checkpoint"), "--schema", PEER_SCHEMA,
+                              "--trigger", str(args.trigger_interval), "--master", getattr(args, "master", "local[2]")],
+                             log_path)
     try:
-        ready = proc.stdout.readline().strip()  # the peer prints `ready` or exits
-        if ready != "ready":
-            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
         startup_s = time.time() - t0
         landed = land(staging, landing, names, args.interval)
         seen: dict[str, float] = {}

@@ -72,6 +72,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixture
 
+import _spark_peer  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from _apache_kafka import COORDINATE, ApacheKafka  # noqa: E402  (after tests/ is on sys.path)
@@ -507,15 +508,10 @@ def run_spark_peer(work: Path, broker: Broker, messages: int, max_offsets: int, 
     offsets/0 to the Delta commit that makes the last message visible."""
     work.mkdir(parents=True)
     table, checkpoint, log_path = work / "table", work / "checkpoint", work / "spark.log"
-    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "kafka", broker.bootstrap, TOPIC,
-           str(table), str(checkpoint), "--schema", PEER_SCHEMA, "--max-offsets", str(max_offsets),
-           "--trigger", str(args.trigger_interval), "--jars", "delta,kafka"]
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                                start_new_session=True, text=True)
+    proc = _spark_peer.start(["kafka", broker.bootstrap, TOPIC, str(table), str(checkpoint), "--schema", PEER_SCHEMA,
+                              "--max-offsets", str(max_offsets), "--trigger", str(args.trigger_interval),
+                              "--jars", "delta,kafka"], log_path)
     try:
-        if proc.stdout.readline().strip() != "ready":
-            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
         rows, commits, seen = 0, [], set()
         while rows < messages:
             deadline.check(f"waiting for the Spark peer's table ({rows}/{messages} rows)")

@@ -134,10 +134,9 @@ def run_spark(moto: Moto, work: Path, args: argparse.Namespace, deadline: Deadli
            "spark.hadoop.fs.s3a.endpoint.region": REGION, "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
            "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
     checkpoint = work / "checkpoint"
-    cmd = [sys.executable, str(Path(__file__).with_name("_spark_peer.py")), "csv", f"s3a://{LANDING}/sales/",
-           f"s3a://{LAKE}/{SPARK_TABLE}", str(checkpoint), "--schema", "id long, file long, row long",
-           "--trigger", str(args.trigger), "--jars", "delta,s3a", "--recursive",
-           *(f"--conf={key}={value}" for key, value in s3a.items())]
+    peer_args = ["csv", f"s3a://{LANDING}/sales/", f"s3a://{LAKE}/{SPARK_TABLE}", str(checkpoint), "--schema",
+                 "id long, file long, row long", "--trigger", str(args.trigger), "--jars", "delta,s3a", "--recursive",
+                 *(f"--conf={key}={value}" for key, value in s3a.items())]
     log_path = work / "spark.log"
     s3 = moto.client("s3")
     seen_commits: dict[str, str] = {}
@@ -158,12 +157,8 @@ def run_spark(moto: Moto, work: Path, args: argparse.Namespace, deadline: Deadli
 
     s3.put_object(Bucket=LANDING, Key="sales/", Body=b"")  # Spark's file source wants its folder to exist
     t0 = time.time()
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                                start_new_session=True, text=True)
+    proc = _spark_peer.start(peer_args, log_path)
     try:
-        if proc.stdout.readline().strip() != "ready":
-            raise BenchError(f"the Spark peer did not start ({proc.wait(timeout=30)}): {log_tail(log_path)}")
         startup_s = time.time() - t0
         s3.put_object(Bucket=LANDING, Key=key_of(WARMUP_FILE), Body=csv_body(WARMUP_FILE, args.rows))
         wait_files({key_of(WARMUP_FILE).rsplit("/", 1)[1]}, "the warm-up file")
