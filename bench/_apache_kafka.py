@@ -40,6 +40,8 @@ group.initial.rebalance.delay.ms=0
 class ApacheKafka(Broker):
     """`Broker`'s interface (bootstrap, proc, start, stop, create_topic) on Apache Kafka."""
 
+    stop_wait_s = 30.0
+
     def __init__(self, folder: Path) -> None:
         super().__init__(folder / "kafka.log")
         self.folder = folder
@@ -57,17 +59,6 @@ class ApacheKafka(Broker):
             self.proc = subprocess.Popen([java, "-Xmx1g", "-cp", classpath, "kafka.Kafka", str(properties)],
                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(timeout)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
     @staticmethod
     def _classpath() -> list[Path]:

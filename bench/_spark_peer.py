@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from _common import BenchError, kill_group, log_tail  # bench/ is the script folder, so on sys.path
@@ -38,21 +39,27 @@ def start(args: list[str], log_path: Path) -> subprocess.Popen:
     return proc
 
 
-def run(args: argparse.Namespace) -> int:
+def session(packages: list[str], master: str, conf: dict[str, str]) -> Any:
+    """A plain Spark session, as a Spark user would make it, with lakefeed's cached jars of `packages`."""
     from pyspark.sql import SparkSession
-    from pyspark.sql.functions import col, from_json
 
     from lakefeed.ops import jars
 
-    conf = {**jars.conf(*args.jars.split(",")), "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+    conf = {**jars.conf(*packages), "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
-            "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false",
-            **dict(item.split("=", 1) for item in args.conf)}
-    builder = SparkSession.builder.master(args.master).appName("spark-peer")
+            "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **conf}
+    builder = SparkSession.builder.master(master).appName("spark-peer")
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyspark.sql.functions import col, from_json
+
+    spark = session(args.jars.split(","), args.master, dict(item.split("=", 1) for item in args.conf))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if args.kind == "csv":

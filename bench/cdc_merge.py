@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _spark_peer
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -266,18 +267,8 @@ def child_bare(spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_bare_spark(spec: dict[str, Any]) -> dict[str, Any]:
     from delta.tables import DeltaTable as SparkDeltaTable
-    from pyspark.sql import SparkSession
 
-    from lakefeed.ops import jars
-
-    conf = {**jars.conf("delta"), "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
-            "spark.sql.session.timeZone": "UTC", "spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
-    builder = SparkSession.builder.master("local[2]").appName("cdc-merge-peer")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _spark_peer.session(["delta"], "local[2]", {"spark.driver.memory": "4g"})
     mem = Memory(spark.sparkContext._gateway.proc.pid)  # spark-submit execs the JVM: the merge's memory is there
     mem.mark("session")
     reduced = spark.read.parquet(spec["reduced"]).cache()

@@ -38,6 +38,8 @@ def free_port() -> int:
 class Broker:
     """One tansu process on 127.0.0.1:`port` (a free port unless given); `external` uses that broker instead."""
 
+    stop_wait_s = 10.0  # after SIGTERM, before SIGKILL
+
     def __init__(self, log: Path, port: int | None = None, external: str | None = None) -> None:
         self.external = external
         self.bootstrap = external or f"127.0.0.1:{port or free_port()}"
@@ -75,7 +77,7 @@ class Broker:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(self.stop_wait_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

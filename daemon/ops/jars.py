@@ -71,7 +71,8 @@ def resolve(name: str, coordinate: str) -> list[Path]:
         raise TerminalError(f"Spark's Ivy resolved no jar for {coordinate}; its messages above say why")
     # Ivy names a jar <org>_<artifact>-<version>.jar; pyspark's own copy of one (hadoop-client-*, ...) is
     # loaded first anyway, so it is not shipped twice.
-    jars = [jar for jar in resolved if jar.name.partition("_")[2] not in own_jars()]
+    own = own_jars()
+    jars = [jar for jar in resolved if jar.name.partition("_")[2] not in own]
     for unused in set(resolved) - set(jars):
         unused.unlink()
     shutil.rmtree(ivy / "cache", ignore_errors=True)  # Ivy's download cache: the jars are copied out of it
@@ -114,7 +115,7 @@ def _listing(name: str) -> Path:
 
 def _hadoop_version() -> str:
     """hadoop-aws must be the version of the Hadoop client inside pyspark's own jars."""
-    for jar in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"):
-        if match := re.fullmatch(r"hadoop-client-api-(.+)\.jar", jar.name):
+    for name in own_jars():
+        if match := re.fullmatch(r"hadoop-client-api-(.+)\.jar", name):
             return match.group(1)
     raise TerminalError("pyspark's jars hold no hadoop-client-api: reinstall pyspark (`make setup`)")
