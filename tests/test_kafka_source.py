@@ -1,8 +1,10 @@
-"""The Kafka streaming source against a real broker (tansu, or LAKEFEED_TEST_KAFKA) and real Spark."""
+"""The Kafka streaming source against real brokers (tansu, or LAKEFEED_TEST_KAFKA; and Apache Kafka) and real
+Spark."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from datetime import UTC, datetime
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
+from pyspark.sql.datasource import ReadAllAvailable
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from lakefeed.connectors.sources.kafka_records import ARROW_SCHEMA
@@ -25,11 +28,8 @@ from lakefeed.connectors.sources.kafka_source import (
     _split,
 )
 from lakefeed.errors import TransientError
-from tests import kafka_broker as broker_fixtures
 from tests.conftest import wait_for
-from tests.kafka_broker import Broker, free_port
-
-kafka_broker = broker_fixtures.kafka_broker  # the module-scoped broker fixture, visible to pytest here
+from tests.kafka_broker import EXTERNAL_ENV, ApacheKafka, Broker, free_port
 
 Row = tuple[str, int, int, Any]  # topic, partition, offset, decoded value
 
@@ -66,6 +66,18 @@ class Run:
 
     def stop(self) -> None:
         self.query.stop()
+
+
+@pytest.fixture(scope="module", params=["tansu", "apache-kafka"])
+def kafka_broker(request, tmp_path_factory):
+    """Each test that takes it runs on tansu (or LAKEFEED_TEST_KAFKA) and on Apache Kafka: they differ where a
+    client can tell (tests/kafka_broker.py)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    broker = (Broker(folder / "tansu.log", external=os.environ.get(EXTERNAL_ENV)) if request.param == "tansu"
+              else ApacheKafka(folder))
+    broker.start()
+    yield broker
+    broker.stop()
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +132,26 @@ def test_every_message_once_across_a_restart_and_lag_committed_to_the_group(kspa
     more = kafka_broker.produce(topic, second)
     runs.append(again := Run(kspark, tmp_path / "ckpt", **options))
     assert sorted(again.wait_rows(15)) == expected(more, second)  # only the new ones, none of the first 33
+
+
+def test_the_end_of_an_idle_topic_is_found_at_once_trigger_after_trigger(kafka_broker, tmp_path):
+    """Nothing new arrives between triggers (one partition never had a record): each trigger must still learn
+    every partition's end on its first try. In an incremental fetch session Apache Kafka leaves partitions whose
+    high watermark did not change out of its answers; the source used to wait 10 s for them, then retry."""
+    topic = kafka_broker.create_topic(topic_name(), 3)
+    kafka_broker.produce(topic, [{"n": i} for i in range(20)], partition=0)
+    kafka_broker.produce(topic, [{"n": i} for i in range(7)], partition=1)
+    status = tmp_path / "status.json"  # written only when a broker call had to be retried
+    reader = KafkaDataSource({"bootstrap_servers": kafka_broker.bootstrap, "topics": topic,
+                              "startingOffsets": "earliest", "statusPath": str(status)}).streamReader(None)  # type: ignore[arg-type]
+    start = reader.initialOffset()
+    assert start == {topic: {"0": 0, "1": 0, "2": 0}}
+    for _ in range(4):
+        assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 20, "1": 7, "2": 0}}
+    kafka_broker.produce(topic, [{"n": 20}], partition=0)
+    assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 21, "1": 7, "2": 0}}
+    assert not status.exists()
+    reader.stop()
 
 
 def test_max_offsets_per_trigger_caps_every_batch(kspark, kafka_broker, runs, tmp_path):

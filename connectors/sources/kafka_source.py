@@ -293,11 +293,13 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _client(self) -> KafkaConsumer:
         if self._consumer is None:
             # max_partition_fetch_bytes=1: fetches here are for high watermarks, one record batch is plenty.
+            # No incremental fetch sessions (KIP-227): in one, the broker leaves a partition whose high watermark
+            # did not change out of its answer, and an idle partition's would never come.
             self._consumer = KafkaConsumer(
                 bootstrap_servers=self._opts.bootstrap_servers, group_id=self._opts.group_id,
                 client_id="lakefeed-kafka-source", enable_auto_commit=False, auto_offset_reset="none",
                 allow_auto_create_topics=False, bootstrap_timeout_ms=2000, request_timeout_ms=10_000,
-                fetch_max_wait_ms=100, max_partition_fetch_bytes=1)
+                fetch_max_wait_ms=10, max_partition_fetch_bytes=1, enable_incremental_fetch_sessions=False)
         return self._consumer
 
     def _close(self) -> None:
