@@ -345,7 +345,7 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     data = pa.concat_tables(parts)
     del changes, parts
     mem.mark("batch_read")
-    sinks = Sinks.delta_rs(cfg)
+    sinks = Sinks.of(cfg)
     app_id = "lakefeed:bench:0000"
     # As EntityPipeline builds it: one ChangelogOffsets per entity, shared by its streams' committers.
     committer = Committer(cfg, sinks, app_id, ChangelogOffsets(sinks.changelog))

@@ -657,7 +657,7 @@ def components(work: Path, broker: Broker, partitions: int, batch: int, deadline
     meta = cfg.stream_checkpoint(STREAM) / "metadata"
     meta.parent.mkdir(parents=True, exist_ok=True)
     meta.write_text(json.dumps({"id": "bench-components"}))
-    pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+    pipeline = EntityPipeline(cfg, Sinks.of(cfg))
     pipeline.prepare()
     process = []
     for batch_id in (0, 1):  # the first creates the tables, the second appends to them

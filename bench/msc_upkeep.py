@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["first_version_s"] = round(time.perf_counter() - started, 4)
 
         cfg = _entity(work)
-        pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        pipeline = EntityPipeline(cfg, Sinks.of(cfg))
         pipeline.prepare()
         inbox = Inbox(cfg.state / "inbox")
         oldest = sorted(_listing(landing))

@@ -80,6 +80,7 @@ def spark():
     from lakefeed.config.model import SparkConfig
     from lakefeed.ops import spark as spark_module
 
-    session = spark_module.session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "1"}))
+    session = spark_module.session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "1"}),
+                                   packages=("delta",))  # for the delta-spark writer
     yield session
     session.stop()

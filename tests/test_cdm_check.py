@@ -372,7 +372,7 @@ def test_with_sdk_precedence_the_daemon_writes_what_the_sdk_finds(landed, patter
         cfg = config.load(write_config(work, [entity])).entities[0]
         cfg.checkpoint.mkdir(parents=True)
         (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
-        pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        pipeline = EntityPipeline(cfg, Sinks.of(cfg))
         pipeline.prepare()
         inbox = Inbox(cfg.state / "inbox")
         result = pipeline.process(inbox.offer([FileEvent.of(landing / rel) for rel in sorted(landed)]), 0)

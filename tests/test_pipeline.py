@@ -22,7 +22,7 @@ from tests.conftest import entity_yaml, land, write_config
 
 def _pipeline(cfg) -> EntityPipeline:
     """A pipeline as the daemon builds one (a new one is what a restart sees)."""
-    return EntityPipeline(cfg, Sinks.delta_rs(cfg))
+    return EntityPipeline(cfg, Sinks.of(cfg))
 
 
 def _prepared(cfg):

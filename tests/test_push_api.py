@@ -88,7 +88,7 @@ def make_api(tmp_path):
             checkpoint = entity.stream_checkpoint("api")
             checkpoint.mkdir(parents=True)
             (checkpoint / "metadata").write_text(json.dumps({"id": f"q-{entity.name}"}))
-            pipelines[entity.name] = EntityPipeline(entity, Sinks.delta_rs(entity))
+            pipelines[entity.name] = EntityPipeline(entity, Sinks.of(entity))
             pipelines[entity.name].prepare()
             # As the daemon does it: each commit hands the table's schema on to the endpoints.
             schemas[entity.name] = pipelines[entity.name].push_schema()

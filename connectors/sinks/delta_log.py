@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -13,6 +14,22 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 LOG = "_delta_log"
+_OWN = "lakefeed."  # the prefix of lakefeed's keys in a commit's metadata
+
+
+def commit_metadata(info: dict[str, Any]) -> dict[str, Any]:
+    """A commit's `commitInfo` with lakefeed's keys at its top: delta-rs writes them there; delta-spark can only
+    write them as `userMetadata`, a JSON object (connectors/sinks/delta_spark.py)."""
+    user = info.get("userMetadata")
+    if not isinstance(user, str) or _OWN not in user:
+        return info
+    try:
+        own = json.loads(user)
+    except ValueError:
+        return info  # someone else's userMetadata
+    if not isinstance(own, dict):
+        return info
+    return {**info, **{k: v for k, v in own.items() if k.startswith(_OWN)}}
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Delta Lake tables through delta-rs (`deltalake`): the TableSink used where no Delta jars exist.
-
-A delta-spark sink for clusters can implement the same contract (connectors/sinks/base.py).
+"""Delta Lake tables through delta-rs (`deltalake`): the default writer (`writer: delta-rs`), and the reader of
+every table, whichever writer wrote it (connectors/sinks/delta_spark.py writes through delta-spark).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -29,8 +29,9 @@ from lakefeed.batch.cdc import KIND, MergePlan
 from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.data_files import DataFile
+from lakefeed.connectors.sinks.delta_log import commit_metadata
 
-_CDF = "delta.enableChangeDataFeed"
+CDF = "delta.enableChangeDataFeed"
 TableOrBatch = TypeVar("TableOrBatch", pa.Table, pa.RecordBatch)
 
 
@@ -75,7 +76,14 @@ class DeltaRsSink(TableSink):
         table = self._load()
         return table.transaction_version(app_id) if table is not None else None
 
+    def replayed(self, app_id: str, version: int) -> bool:
+        """The table recorded (app_id, version) or a later version of app_id: this commit is a replay."""
+        committed = self.committed_version(app_id)
+        return committed is not None and committed >= version
+
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        if self.replayed(app_id, version):
+            return
         target = self._target()
         write_deltalake(
             target,
@@ -93,6 +101,8 @@ class DeltaRsSink(TableSink):
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
+        if self.replayed(app_id, version):
+            return
         actions = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
         properties = CommitProperties(custom_metadata=metadata, app_transactions=[Transaction(app_id, version)])
         table = self._load()
@@ -144,23 +154,25 @@ class DeltaRsSink(TableSink):
         table = self._load()
         if table is None or table.version() <= version:
             return []
-        return sorted(table.history(limit=table.version() - version), key=lambda c: c["version"])
+        return sorted(map(commit_metadata, table.history(limit=table.version() - version)), key=lambda c: c["version"])
 
     def version(self) -> int | None:
         table = self._load()
         return table.version() if table is not None else None
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        if self.replayed(app_id, version):
+            return self.version()  # type: ignore[return-value]
         source = contiguous(source)
         columns = [c for c in source.column_names if c != KIND]
         table = self._load()
         if table is None:
             write_deltalake(self.uri, source.select(columns).schema.empty_table(), mode="append",
                             partition_by=self._partition_by, storage_options=self._options,
-                            configuration={_CDF: "true"})
+                            configuration={CDF: "true"})
             table = self._load()
-        elif table.metadata().configuration.get(_CDF) != "true":
-            table.alter.set_table_properties({_CDF: "true"})
+        elif table.metadata().configuration.get(CDF) != "true":
+            table.alter.set_table_properties({CDF: "true"})
         assert table is not None
         before = table.version()
         values = {c: _col("s", c) for c in columns}
@@ -170,14 +182,14 @@ class DeltaRsSink(TableSink):
                              commit_properties=CommitProperties(custom_metadata=metadata,
                                                                 app_transactions=[Transaction(app_id, version)]))
         existing = set(pa.schema(table.schema().to_arrow()).names)
-        changed = _changed(tuple(c for c in plan.compare if c in columns and c in existing),
-                           tuple(c for c in plan.compare if c in columns and c not in existing))
+        changed = changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
+                                 tuple(c for c in plan.compare if c in columns and c not in existing))
         if plan.snapshot:
             merger = (merger.when_matched_update(values, predicate=changed)
                       .when_not_matched_insert(values)
-                      .when_not_matched_by_source_delete(predicate=_within(plan.scope)))
+                      .when_not_matched_by_source_delete(predicate=within(plan.scope)))
         else:
-            newer = _newer(plan.sequence)
+            newer = newer_clause(plan.sequence)
             inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
             merger = (merger.when_matched_delete(predicate=f"s.{KIND} = 'delete' AND ({newer})")
                       .when_matched_update(values, predicate=f"s.{KIND} IN ('upsert', 'update') AND ({newer}) "
@@ -193,11 +205,10 @@ class DeltaRsSink(TableSink):
         return table.version()
 
     def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
-        data = [c for c in edits.column_names if c not in ("__h", "__at")]
-        source = edits.append_column("valid_from", edits.column("__at")).append_column(
-            "valid_to", pa.nulls(edits.num_rows, edits.schema.field("__at").type)).append_column(
-            "is_current", pa.array(np.ones(edits.num_rows, dtype=bool)))
-        columns = [*data, "valid_from", "valid_to", "is_current"]
+        if self.replayed(app_id, version):
+            return
+        source = history_source(edits)
+        columns = [c for c in source.column_names if c not in ("__h", "__at")]
         if self._load() is None:
             write_deltalake(self.uri, source.select(columns).schema.empty_table(), mode="append",
                             storage_options=self._options)
@@ -238,7 +249,7 @@ class DeltaRsSink(TableSink):
         if table is None:
             return None
         for depth in (8, 1000):  # the newest commits nearly always carry it: read few first
-            for commit in table.history(limit=depth):
+            for commit in map(commit_metadata, table.history(limit=depth)):
                 if commit.get("lakefeed.app_id") == app_id and int(commit.get("lakefeed.batch_id", -1)) >= before:
                     continue
                 if key in commit:
@@ -249,7 +260,7 @@ class DeltaRsSink(TableSink):
         table = self._load()
         if table is None:
             return None
-        for commit in table.history(limit=1000):
+        for commit in map(commit_metadata, table.history(limit=1000)):
             if commit.get("lakefeed.app_id") == app_id and commit.get("lakefeed.batch_id") == str(version):
                 return int(commit["version"])
         return None
@@ -259,6 +270,14 @@ class DeltaRsSink(TableSink):
         if table is None:
             raise TableNotFoundError(f"no Delta table at {self.uri}")
         return pa.table(table.to_pyarrow_table())
+
+
+def history_source(edits: pa.Table) -> pa.Table:
+    """SCD2 edits (`__h`, `__at` beside the data) with the history table's columns: each row a version valid from
+    `__at`, open and current."""
+    return edits.append_column("valid_from", edits.column("__at")).append_column(
+        "valid_to", pa.nulls(edits.num_rows, edits.schema.field("__at").type)).append_column(
+        "is_current", pa.array(np.ones(edits.num_rows, dtype=bool)))
 
 
 def _plain(data: TableOrBatch) -> TableOrBatch:
@@ -288,14 +307,19 @@ def _col(alias: str, name: str) -> str:
     return f'{alias}."{name}"'
 
 
-def _within(scope: tuple[str, tuple[str, ...]] | None) -> str | None:
+# SQL for MERGE's clauses, in both writers' dialects: `col(alias, name)` quotes a column (delta-rs's DataFusion
+# takes "name", Spark `name`); the rest of the SQL is the same in both.
+Quote = Callable[[str, str], str]
+
+
+def within(scope: tuple[str, tuple[str, ...]] | None, col: Quote = _col) -> str | None:
     """The table rows a scoped snapshot replaces: those whose scope column holds one of its values."""
     if scope is None:
         return None
     column, values = scope
     if not values:
         return "FALSE"
-    return f"{_col('t', column)} IN ({', '.join(_text(v) for v in values)})"
+    return f"{col('t', column)} IN ({', '.join(_text(v) for v in values)})"
 
 
 def _text(value: str) -> str:
@@ -303,21 +327,21 @@ def _text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _newer(seq: tuple[str, ...]) -> str:
+def newer_clause(seq: tuple[str, ...], col: Quote = _col) -> str:
     """Source sequence >= target sequence, lexicographically; ties go to the later arrival (the source)."""
     if not seq:
         return "TRUE"
     *head, last = seq
     clauses, equal = [], []
     for c in head:
-        clauses.append("(" + " AND ".join([*equal, f"{_col('s', c)} > {_col('t', c)}"]) + ")")
-        equal.append(f"{_col('s', c)} = {_col('t', c)}")
-    clauses.append("(" + " AND ".join([*equal, f"{_col('s', last)} >= {_col('t', last)}"]) + ")")
+        clauses.append("(" + " AND ".join([*equal, f"{col('s', c)} > {col('t', c)}"]) + ")")
+        equal.append(f"{col('s', c)} = {col('t', c)}")
+    clauses.append("(" + " AND ".join([*equal, f"{col('s', last)} >= {col('t', last)}"]) + ")")
     return " OR ".join(clauses)
 
 
-def _changed(columns: tuple[str, ...], new_columns: tuple[str, ...] = ()) -> str:
+def changed_clause(columns: tuple[str, ...], new_columns: tuple[str, ...] = (), col: Quote = _col) -> str:
     """A matched row changes if a compared column differs, or a column the table gains gets a value."""
-    clauses = [f"({_col('t', c)} IS DISTINCT FROM {_col('s', c)})" for c in columns]
-    clauses += [f"({_col('s', c)} IS NOT NULL)" for c in new_columns]
+    clauses = [f"({col('t', c)} IS DISTINCT FROM {col('s', c)})" for c in columns]
+    clauses += [f"({col('s', c)} IS NOT NULL)" for c in new_columns]
     return " OR ".join(clauses) or "FALSE"

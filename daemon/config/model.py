@@ -27,6 +27,7 @@ __all__ = ["FILES", "CsvFormat", "FileFormat", "JsonFormat", "KafkaSource", "Loc
            "ModelJsonFormat", "ParquetFormat", "PushSource", "ResolvedPath", "S3Source", "S3Storage"]
 
 IncrementalType = Literal["Insert", "Update", "Delete", "Upsert", "UpsertAndDelete"]
+Writer = Literal["delta-rs", "delta-spark"]
 
 
 class PatternSpec(Frozen):
@@ -170,6 +171,8 @@ class EntityConfig(Frozen):
     checkpoint: ResolvedPath
     state: ResolvedPath = Field(description="Inbox and bookkeeping of this entity.")
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access (default: top-level `storage`).")
+    writer: Writer = Field(default="delta-rs", description="Who writes the entity's Delta tables (default: "
+                                                          "top-level `writer`).")
 
     @model_validator(mode="before")
     @classmethod
@@ -280,6 +283,9 @@ class LakefeedConfig(Frozen):
     spark: SparkConfig = SparkConfig()
     http: HttpConfig = HttpConfig()
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access for s3:// locations.")
+    writer: Writer = Field(default="delta-rs", description="Who writes the Delta tables: delta-rs (in the driver "
+                                                          "and the tasks) or delta-spark (Spark's Delta, MERGE on the "
+                                                          "executors); either continues the other's tables.")
     entities: tuple[EntityConfig, ...]
     described_by: tuple[ResolvedPath, ...] = Field(default=(), description="Set on load: the data manifests and "
                                                    "cdm_root manifests the entities come from, watched like the "
@@ -316,8 +322,9 @@ class LakefeedConfig(Frozen):
                     **raw,
                 }
                 source = raw.get("source")
-                if "storage" in data:
-                    raw.setdefault("storage", data["storage"])
+                for inherited in ("storage", "writer"):
+                    if inherited in data:
+                        raw.setdefault(inherited, data[inherited])
                 if isinstance(source, dict) and source.get("type") == "s3":
                     # The working copy; the manifest itself is published next to the data in the bucket.
                     name_ = source.get("manifest_name", "default.manifest.cdm.json")

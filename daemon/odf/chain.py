@@ -326,7 +326,7 @@ def _read_commit(fs: Any, root: str, version: int) -> Commit | None:
     """A changelog commit's new files with their offsets (from the add actions' statistics), None without any."""
     with fs.open_input_stream(posixpath.join(root, delta_log.LOG, f"{version:020d}.json")) as stream:
         actions = [json.loads(line) for line in stream.read().decode().splitlines() if line.strip()]
-    meta = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    meta = delta_log.commit_metadata(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
     files = []
     for add in (a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)):
         stats = json.loads(add.get("stats") or "{}")

@@ -84,7 +84,7 @@ class EntityRunner:
         self.intake = intake
         self._spark = session
         self._trigger = f"{int(trigger_interval_s * 1000)} milliseconds"
-        self.pipeline = EntityPipeline(cfg, Sinks.delta_rs(cfg))
+        self.pipeline = EntityPipeline(cfg, Sinks.of(cfg, session))
         self.pipeline.spread = SparkSpread(session)
         self.pipeline.halted = lambda: time.monotonic() >= self._halting.get(FILES, math.inf)
         if intake is not None:

@@ -23,6 +23,7 @@ from lakefeed.connectors.sources.kafka_source import KafkaDataSource
 from lakefeed.connectors.streams.inbox_stream import InboxDataSource
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
+from lakefeed.ops import jars
 
 Job = TypeVar("Job")
 Out = TypeVar("Out")
@@ -58,7 +59,8 @@ def check_java() -> None:
         raise TerminalError(f"Java 17 or newer is required by Spark; {java} is version {major or 'unknown'}")
 
 
-def session(cfg: SparkConfig) -> SparkSession:
+def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
+    """`packages`: Maven packages (daemon/ops/jars.py) to load from the jar cache, e.g. ("delta",)."""
     check_java()
     # Workers must run this interpreter (the one with pyspark and lakefeed), not the system python3.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -66,7 +68,8 @@ def session(cfg: SparkConfig) -> SparkSession:
     if cfg.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
-    conf = {**DEFAULTS, **cfg.conf, "spark.driver.extraJavaOptions": java_options(cfg)}
+    conf = {**DEFAULTS, **(jars.conf(*packages) if packages else {}), **cfg.conf,
+            "spark.driver.extraJavaOptions": java_options(cfg)}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

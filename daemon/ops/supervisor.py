@@ -41,6 +41,7 @@ from lakefeed.config.watch import ConfigWatcher
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
+from lakefeed.inbox import storage
 from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
@@ -112,7 +113,7 @@ class Supervisor:
         return 0
 
     def _run_spark(self) -> None:
-        session = self._session = spark.session(self.cfg.spark)
+        session = self._session = spark.session(self.cfg.spark, packages=spark_packages(self.cfg))
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
@@ -350,6 +351,16 @@ class Supervisor:
                   sources_restarted={n: s for n, s in in_place.items()},
                   unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
                   needs_restart=self.needs_restart)
+
+
+def spark_packages(cfg: LakefeedConfig) -> tuple[str, ...]:
+    """The jars the daemon's session loads: delta-spark's (and s3a's for tables in S3) when an entity's writer is
+    delta-spark."""
+    spark_written = [e for e in cfg.entities if e.writer == "delta-spark"]
+    if not spark_written:
+        return ()
+    in_s3 = any(storage.is_s3(loc) for e in spark_written for loc in (e.table, e.changelog, e.quarantine))
+    return ("delta", "s3a") if in_s3 else ("delta",)
 
 
 def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:

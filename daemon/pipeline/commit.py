@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import SparkSession
 
 from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
@@ -29,6 +30,8 @@ from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.connectors.sinks.delta_spark import DeltaSparkSink, has_delta
+from lakefeed.errors import TerminalError
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.odf import slices
@@ -53,16 +56,33 @@ class Sinks:
     tombstones: TableSink | None = None
 
     @classmethod
-    def delta_rs(cls, cfg: EntityConfig) -> Sinks:
-        return cls(delta_sink(cfg, cfg.table, partition_by=cfg.partition_by),
-                   delta_sink(cfg, cfg.changelog, unique_columns=("offset",), file_bytes=CHANGELOG_FILE_BYTES),
-                   delta_sink(cfg, cfg.quarantine), delta_sink(cfg, cfg.history) if cfg.cdc.history else None,
-                   delta_sink(cfg, cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
+    def of(cls, cfg: EntityConfig, spark: SparkSession | None = None) -> Sinks:
+        """The entity's tables, written by its `writer`; delta-spark writes through `spark`."""
+        def sink(location: Path | str, **kwargs: Any) -> TableSink:
+            if cfg.writer == "delta-rs":
+                return delta_sink(cfg, location, **kwargs)
+            return delta_spark_sink(cfg, spark, location, **kwargs)
+
+        return cls(sink(cfg.table, partition_by=cfg.partition_by),
+                   sink(cfg.changelog, unique_columns=("offset",), file_bytes=CHANGELOG_FILE_BYTES),
+                   sink(cfg.quarantine), sink(cfg.history) if cfg.cdc.history else None,
+                   sink(cfg.tombstones) if cfg.cdc.keyed and cfg.cdc.sequence_by else None)
 
 
 def delta_sink(cfg: EntityConfig, location: Path | str, **kwargs: Any) -> DeltaRsSink:
-    """The Delta table at one of the entity's locations, local or in its object store."""
+    """The Delta table at one of the entity's locations, local or in its object store, read and written by
+    delta-rs."""
     return DeltaRsSink(location, storage_options=Storage(cfg.storage).delta_options(location), **kwargs)
+
+
+def delta_spark_sink(cfg: EntityConfig, spark: SparkSession | None, location: Path | str,
+                     **kwargs: Any) -> DeltaSparkSink:
+    """The same table, written by delta-spark on `spark`: a session with delta-spark's jars (the daemon's has them
+    when an entity's writer is delta-spark at its start)."""
+    if spark is None or not has_delta(spark):
+        raise TerminalError(f"entity {cfg.name}: writer delta-spark needs a Spark session with delta-spark's jars; "
+                            "the daemon's loads them at start when an entity's writer is delta-spark: restart it")
+    return DeltaSparkSink(spark, location, storage_options=Storage(cfg.storage).delta_options(location), **kwargs)
 
 
 @dataclass

@@ -1,0 +1,193 @@
+"""Delta Lake tables written by delta-spark (`writer: delta-spark`) on the daemon's Spark session.
+
+Appends are DataFrame writes, MERGE is delta-spark's (it runs on the executors when `spark.master` is a cluster),
+and files written by tasks are committed through Delta's own optimistic transaction. Every write carries the
+batch's application transaction (`txn` action: Delta's idempotent writes), as the delta-rs writer's do. Reads
+(transaction versions, statistics, history, change data) stay with delta-rs, which reads any Delta table: a table
+one writer wrote is continued by the other.
+
+delta-spark cannot put keys of lakefeed's own at the top of a commit's `commitInfo`, as delta-rs does: it
+records them as the commit's `userMetadata`, a JSON object (`delta_log.commit_metadata` reads both).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from lakefeed.batch.cdc import KIND, MergePlan
+from lakefeed.batch.schema import delta_compatible
+from lakefeed.connectors.sinks import delta_rs
+from lakefeed.connectors.sinks.data_files import DataFile
+from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+
+_TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def spark_path(uri: str) -> str:
+    """The table's location as Spark's Hadoop file systems name it: s3:// is s3a://."""
+    return "s3a://" + uri.removeprefix("s3://") if uri.startswith("s3://") else uri
+
+
+def has_delta(spark: SparkSession) -> bool:
+    """Whether the session was built with delta-spark (daemon/ops/jars.py's DELTA_CONF)."""
+    return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
+
+
+def _col(alias: str, name: str) -> str:
+    return f"{alias}.`{name.replace('`', '``')}`"
+
+
+class DeltaSparkSink(DeltaRsSink):
+    def __init__(self, spark: SparkSession, uri: str | Path, storage_options: dict[str, str] | None = None,
+                 unique_columns: tuple[str, ...] = (), partition_by: tuple[str, ...] = (),
+                 file_bytes: int | None = None) -> None:
+        """As DeltaRsSink's; `file_bytes` set: each write is one file (the changelog's slices are whole files)."""
+        super().__init__(uri, storage_options, unique_columns, partition_by, file_bytes)
+        # A session of its own: a commit's transaction and metadata are SQL confs of the session that commits, and
+        # entities commit from threads of their own.
+        self._spark = spark.newSession()
+        self._path = spark_path(self.uri)
+        self._one_file = file_bytes is not None
+
+    # -- writes -------------------------------------------------------------------------------------------------
+    def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        self._write(self._frame(data), app_id, version, metadata)
+
+    def record(self, data: pa.Table, metadata: dict[str, str]) -> None:
+        writer = self._frame(data).write.format("delta").mode("append").option("mergeSchema", "true")
+        writer.option("userMetadata", json.dumps(metadata)).save(self._path)
+
+    def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
+                     metadata: dict[str, str]) -> None:
+        current = self.schema()
+        if current is None or any(f.name not in current.names for f in delta_compatible(schema)):
+            # The table, or its new columns, in a commit of its own before the files': a replay finds them there.
+            self._write(self._frame(schema.empty_table()), None, None, {})
+        jvm = self._spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
+        txn = log.startTransaction()
+        if txn.txnVersion(app_id) >= version:  # read in the transaction: a commit of it meanwhile conflicts
+            return
+        now = int(time.time() * 1000)
+        actions = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
+        actions += [{"add": {"path": quote(f.path), "partitionValues": f.partition_values, "size": f.size,
+                             "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats}}
+                    for f in files]
+        parse = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
+            jvm.java.util.ArrayList([parse(json.dumps(a)) for a in actions])).toSeq()
+        manual = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$"), "MODULE$")
+        self._spark.conf.set(_USER_METADATA, json.dumps(metadata))
+        try:
+            txn.commit(seq, manual)
+        finally:
+            self._spark.conf.unset(_USER_METADATA)
+
+    def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
+        from delta.tables import DeltaTable  # delta-spark's Python API: imported where the jar is in use
+
+        if self.replayed(app_id, version):
+            return self.version()  # type: ignore[return-value]
+        columns = [c for c in source.column_names if c != KIND]
+        frame = self._frame(source)
+        if self.schema() is None:
+            self._create(frame.select(*columns).limit(0), cdf=True)
+        elif (self._load().metadata().configuration.get(delta_rs.CDF) != "true"):  # type: ignore[union-attr]
+            self._spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({delta_rs.CDF} = true)")
+        before = self.version()
+        existing = set(self.schema().names)  # type: ignore[union-attr]
+        values = {c: _col("s", c) for c in columns}
+        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
+        changed = delta_rs.changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
+                                   tuple(c for c in plan.compare if c in columns and c not in existing), col=_col)
+        merger = (DeltaTable.forPath(self._spark, self._path).alias("t").merge(frame.alias("s"), on)
+                  .withSchemaEvolution())
+        if plan.snapshot:
+            merger = merger.whenMatchedUpdate(changed, values).whenNotMatchedInsert(values=values)
+            within = delta_rs.within(plan.scope, col=_col)
+            merger = merger.whenNotMatchedBySourceDelete(within) if within else merger.whenNotMatchedBySourceDelete()
+        else:
+            newer = delta_rs.newer_clause(plan.sequence, col=_col)
+            inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
+            merger = (merger.whenMatchedDelete(f"s.{KIND} = 'delete' AND ({newer})")
+                      .whenMatchedUpdate(f"s.{KIND} IN ('upsert', 'update') AND ({newer}) AND ({changed})", values)
+                      .whenNotMatchedInsert(f"s.{KIND} IN ({inserting})", values))
+        with self._transaction(app_id, version, metadata):
+            merger.execute()
+        if self.version() == before:  # nothing changed (or a replay): record the batch all the same
+            self._write(self._frame(self.schema().empty_table()), app_id, version, metadata)  # type: ignore[union-attr]
+        return self.version()  # type: ignore[return-value]
+
+    def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
+        from delta.tables import DeltaTable
+
+        if self.replayed(app_id, version):
+            return
+        source = delta_rs.history_source(edits)
+        columns = [c for c in source.column_names if c not in ("__h", "__at")]
+        frame = self._frame(source)
+        if self.schema() is None:
+            self._create(frame.select(*columns).limit(0), cdf=False)
+        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
+        merger = (DeltaTable.forPath(self._spark, self._path).alias("t")
+                  .merge(frame.alias("s"), f"{on} AND t.is_current AND s.__h = 'close'").withSchemaEvolution()
+                  .whenMatchedUpdate(set={"valid_to": "s.__at", "is_current": "false"})
+                  .whenNotMatchedInsert("s.__h = 'open'", {c: _col("s", c) for c in columns}))
+        with self._transaction(app_id, version, {}):
+            merger.execute()
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _frame(self, data: pa.Table) -> DataFrame:
+        data = delta_rs.contiguous(data)
+        return self._spark.createDataFrame(data.cast(delta_compatible(data.schema)))
+
+    def _create(self, empty: DataFrame, cdf: bool) -> None:
+        writer = empty.write.format("delta").mode("append")
+        if cdf:
+            writer = writer.option(delta_rs.CDF, "true")
+        if self._partition_by:
+            writer = writer.partitionBy(*self._partition_by)
+        writer.save(self._path)
+
+    def _write(self, frame: DataFrame, app_id: str | None, version: int | None, metadata: dict[str, str]) -> None:
+        if self._one_file:
+            frame = frame.coalesce(1)
+        writer = frame.write.format("delta").mode("append").option("mergeSchema", "true")
+        if self._partition_by and self.schema() is None:
+            writer = writer.partitionBy(*self._partition_by)
+        if app_id is not None:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+        if metadata:
+            writer = writer.option("userMetadata", json.dumps(metadata))
+        writer.save(self._path)
+
+    def _transaction(self, app_id: str, version: int, metadata: dict[str, str]) -> _SessionConf:
+        confs = {_TXN_APP: app_id, _TXN_VERSION: str(version)}
+        if metadata:
+            confs[_USER_METADATA] = json.dumps(metadata)
+        return _SessionConf(self._spark, confs)
+
+
+class _SessionConf:
+    """SQL confs set for the commit made inside the `with`, unset after it."""
+
+    def __init__(self, spark: SparkSession, confs: dict[str, Any]) -> None:
+        self._spark, self._confs = spark, confs
+
+    def __enter__(self) -> None:
+        for key, value in self._confs.items():
+            self._spark.conf.set(key, value)
+
+    def __exit__(self, *_: object) -> None:
+        for key in self._confs:
+            self._spark.conf.unset(key)

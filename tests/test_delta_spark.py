@@ -1,0 +1,145 @@
+"""The two table writers, delta-rs and delta-spark, against the one TableSink contract, and each continuing the
+other's tables. delta-spark runs in the test session's Spark (local[2], delta-spark's jars from the jar cache)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed.batch.cdc import KIND, MergePlan
+from lakefeed.connectors.sinks import data_files
+from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.connectors.sinks.delta_spark import DeltaSparkSink
+
+WRITERS = ["delta-rs", "delta-spark"]
+META = {"lakefeed.app_id": "q1", "lakefeed.batch_id": "0", "lakefeed.watermark": "2024-01-01T00:00:00Z"}
+
+
+@pytest.fixture(params=WRITERS)
+def make(request, spark):
+    def sink(path, **kwargs):
+        return DeltaRsSink(path, **kwargs) if request.param == "delta-rs" else DeltaSparkSink(spark, path, **kwargs)
+    sink.writer = request.param
+    return sink
+
+
+def rows(path, by="id") -> list[dict]:
+    return sorted(DeltaTable(str(path)).to_pyarrow_table().to_pylist(), key=lambda r: (r[by] is None, r[by]))
+
+
+def batch(ids, values, kinds=None, seq=None) -> pa.Table:
+    columns = {"id": pa.array(ids, pa.int64()), "v": pa.array(values, pa.string())}
+    if seq is not None:
+        columns["seq"] = pa.array(seq, pa.int64())
+    if kinds is not None:
+        columns[KIND] = pa.array(kinds, pa.string())
+    return pa.table(columns)
+
+
+def test_appends_record_their_transaction_and_metadata_and_a_replay_is_skipped(make, tmp_path):
+    sink = make(tmp_path / "t")
+    assert sink.committed_version("q1") is None and sink.schema() is None
+    sink.append(batch([1, 2], ["a", "b"]), "q1", 0, META)
+    sink.append(batch([1, 2], ["a", "b"]), "q1", 0, META)  # the replay of batch 0
+    assert sink.committed_version("q1") == 0
+    sink.append(batch([], []), "q1", 1, {**META, "lakefeed.batch_id": "1", "lakefeed.watermark": "later"})
+    assert sink.committed_version("q1") == 1
+    assert [r["id"] for r in rows(tmp_path / "t")] == [1, 2]
+    commits = sink.commits_after(-1)
+    assert [c.get("lakefeed.batch_id") for c in commits if "lakefeed.batch_id" in c] == ["0", "1"]
+    assert sink.latest_metadata("lakefeed.watermark", "q1", 1) == "2024-01-01T00:00:00Z"  # before batch 1
+    assert sink.latest_metadata("lakefeed.watermark", "q1", 2) == "later"
+    assert sink.version_of("q1", 1) == sink.version()
+    assert sink.max_of("id") == 2
+
+
+def test_task_written_files_are_committed_once_with_new_columns_and_partitions(make, tmp_path):
+    root = tmp_path / "t"
+    sink = make(root, partition_by=("day",))
+    first = pa.table({"id": [1, 2, 3], "day": ["2024-01-01", "2024-01-02", None]})
+    files = data_files.write(pafs.LocalFileSystem(), str(root), first, "part-x-b0-", partition_by=("day",))
+    sink.commit_files(files, first.schema, "q1", 0, META)
+    sink.commit_files(files, first.schema, "q1", 0, META)  # a replay
+    second = pa.table({"id": [4], "day": ["2024-01-01"], "extra": ["new"]})
+    more = data_files.write(pafs.LocalFileSystem(), str(root), second, "part-x-b1-", partition_by=("day",))
+    sink.commit_files(more, second.schema, "q1", 1, {**META, "lakefeed.batch_id": "1"})
+    got = rows(root)
+    assert [(r["id"], r["day"], r["extra"]) for r in got] == [(1, "2024-01-01", None), (2, "2024-01-02", None),
+                                                              (3, None, None), (4, "2024-01-01", "new")]
+    assert sink.committed_version("q1") == 1
+    assert len(sink.paths()) == 4
+    assert sink.version_of("q1", 0) is not None
+
+
+@pytest.mark.parametrize("sequence", [(), ("seq",)])
+def test_keyed_merge_applies_newer_changes_and_its_change_data_is_readable(make, tmp_path, sequence):
+    sink = make(tmp_path / "t")
+    plan = MergePlan(keys=("id",), sequence=sequence, compare=("v",), snapshot=False, insert_updates_of_absent=False)
+    seq = [5, 5, 5] if sequence else None
+    v0 = sink.merge(batch([1, 2, 3], ["a", "b", "c"], ["upsert"] * 3, seq), plan, "q1", 0, META)
+    # 1: an older change (ignored with a sequence); 2: deleted; 3: unchanged; 4: an update of an absent key.
+    seq = [4, 6, 6, 6] if sequence else None
+    v1 = sink.merge(batch([1, 2, 3, 4], ["old", None, "c", "x"], ["upsert", "delete", "upsert", "update"], seq),
+                    plan, "q1", 1, {**META, "lakefeed.batch_id": "1"})
+    assert v1 > v0
+    expect = {1: "a" if sequence else "old", 3: "c"}
+    assert {r["id"]: r["v"] for r in rows(tmp_path / "t")} == expect
+    changes = sink.changes(v1).to_pylist()
+    kinds = sorted((r["id"], r["_change_type"]) for r in changes)
+    assert ((2, "delete") in kinds) and all(k[0] != 3 for k in kinds)
+    assert sink.committed_version("q1") == 1
+    # A replay changes nothing, and a batch that changes nothing is recorded all the same.
+    assert sink.merge(batch([1], ["zzz"], ["upsert"], [9] if sequence else None), plan, "q1", 1, META) == v1
+    v2 = sink.merge(batch([3], ["c"], ["upsert"], [7] if sequence else None), plan, "q1", 2,
+                    {**META, "lakefeed.batch_id": "2"})
+    assert v2 == v1 + 1 and sink.committed_version("q1") == 2
+    assert {r["id"]: r["v"] for r in rows(tmp_path / "t")} == expect
+
+
+def test_snapshot_merge_deletes_what_the_snapshot_lacks_within_its_scope(make, tmp_path):
+    sink = make(tmp_path / "t")
+    plan = MergePlan(keys=("id",), sequence=(), compare=("v", "s"), snapshot=True, insert_updates_of_absent=True,
+                     scope=("s", ("x",)))
+    data = pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"], "s": ["x", "x", "y"], KIND: ["upsert"] * 3})
+    sink.merge(data, plan, "q1", 0, META)
+    sink.merge(pa.table({"id": [1], "v": ["A"], "s": ["x"], KIND: ["upsert"]}), plan, "q1", 1, META)
+    assert {r["id"]: r["v"] for r in rows(tmp_path / "t")} == {1: "A", 3: "c"}
+
+
+def test_history_closes_and_opens_versions(make, tmp_path):
+    from datetime import UTC, datetime
+    sink = make(tmp_path / "h")
+    t0, t1 = datetime(2024, 1, 1, tzinfo=UTC), datetime(2024, 1, 2, tzinfo=UTC)
+    at = pa.timestamp("us", tz="UTC")
+    sink.apply_history(pa.table({"id": [1], "v": ["a"], "__h": ["open"], "__at": pa.array([t0], at)}), ("id",),
+                       "q1", 0)
+    sink.apply_history(pa.table({"id": [1, 1], "v": ["a", "b"], "__h": ["close", "open"],
+                                 "__at": pa.array([t1, t1], at)}), ("id",), "q1", 1)
+    got = sorted(rows(tmp_path / "h"), key=lambda r: r["valid_from"])
+    assert [(r["v"], r["valid_to"], r["is_current"]) for r in got] == [("a", t1, False), ("b", None, True)]
+    assert sink.committed_version("q1") == 1
+
+
+def test_each_writer_continues_the_other_ones_table(spark, tmp_path):
+    root = tmp_path / "t"
+    rs, sp = DeltaRsSink(root), DeltaSparkSink(spark, root)
+    plan = MergePlan(keys=("id",), sequence=(), compare=("v",), snapshot=False, insert_updates_of_absent=False)
+    rs.merge(batch([1, 2], ["a", "b"], ["upsert"] * 2), plan, "q1", 0, META)
+    sp.merge(batch([2, 3], ["B", "c"], ["upsert"] * 2), plan, "q1", 1, {**META, "lakefeed.batch_id": "1"})
+    rs.merge(batch([1], [None], ["delete"]), plan, "q1", 2, {**META, "lakefeed.batch_id": "2"})
+    sp.append(batch([9], ["z"]), "q1", 3, {**META, "lakefeed.batch_id": "3"})
+    assert {r["id"]: r["v"] for r in rows(root)} == {2: "B", 3: "c", 9: "z"}
+    assert rs.committed_version("q1") == sp.committed_version("q1") == 3
+    assert [c["lakefeed.batch_id"] for c in rs.commits_after(-1) if "lakefeed.batch_id" in c] == ["0", "1", "2", "3"]
+    assert spark.read.format("delta").load(str(root)).count() == 3
+
+
+def test_user_metadata_of_others_is_left_alone():
+    from lakefeed.connectors.sinks.delta_log import commit_metadata
+    assert commit_metadata({"userMetadata": "not json lakefeed."}) == {"userMetadata": "not json lakefeed."}
+    mine = commit_metadata({"version": 3, "userMetadata": json.dumps({"lakefeed.batch_id": "4", "other": 1})})
+    assert mine["lakefeed.batch_id"] == "4" and "other" not in mine
