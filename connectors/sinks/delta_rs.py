@@ -4,8 +4,8 @@ every table, whichever writer wrote it (connectors/sinks/delta_spark.py writes t
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
