@@ -54,6 +54,9 @@ class DeltaSparkSink(DeltaRsSink):
         # A session of its own: a commit's transaction and metadata are SQL confs of the session that commits, and
         # entities commit from threads of their own.
         self._spark = spark.newSession()
+        # Timestamps as Parquet's TIMESTAMP(MICROS, UTC), as delta-rs writes them; Spark's default is INT96, which
+        # Arrow reads back without a time zone.
+        self._spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         self._path = spark_path(self.uri)
         self._one_file = file_bytes is not None
 
@@ -109,19 +112,15 @@ class DeltaSparkSink(DeltaRsSink):
         values = {c: _col("s", c) for c in columns}
         on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
         changed = delta_rs.changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
-                                   tuple(c for c in plan.compare if c in columns and c not in existing), col=_col)
-        merger = (DeltaTable.forPath(self._spark, self._path).alias("t").merge(frame.alias("s"), on)
-                  .withSchemaEvolution())
-        if plan.snapshot:
-            merger = merger.whenMatchedUpdate(changed, values).whenNotMatchedInsert(values=values)
-            within = delta_rs.within(plan.scope, col=_col)
-            merger = merger.whenNotMatchedBySourceDelete(within) if within else merger.whenNotMatchedBySourceDelete()
-        else:
-            newer = delta_rs.newer_clause(plan.sequence, col=_col)
-            inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
-            merger = (merger.whenMatchedDelete(f"s.{KIND} = 'delete' AND ({newer})")
-                      .whenMatchedUpdate(f"s.{KIND} IN ('upsert', 'update') AND ({newer}) AND ({changed})", values)
-                      .whenNotMatchedInsert(f"s.{KIND} IN ({inserting})", values))
+                                          tuple(c for c in plan.compare if c in columns and c not in existing),
+                                          col=_col)
+        table = DeltaTable.forPath(self._spark, self._path)
+        acting = self._acting(frame, table.toDF(), plan, on, changed, existing)
+        inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
+        merger = (table.alias("t").merge(acting.alias("s"), on).withSchemaEvolution()
+                  .whenMatchedDelete(f"s.{KIND} = 'delete'")
+                  .whenMatchedUpdate(f"s.{KIND} IN ('upsert', 'update')", values)
+                  .whenNotMatchedInsert(f"s.{KIND} IN ({inserting})", values))
         with self._transaction(app_id, version, metadata):
             merger.execute()
         if self.version() == before:  # nothing changed (or a replay): record the batch all the same
@@ -147,6 +146,36 @@ class DeltaSparkSink(DeltaRsSink):
             merger.execute()
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _acting(source: DataFrame, target: DataFrame, plan: MergePlan, on: str, changed: str,
+                existing: set[str]) -> DataFrame:
+        """The source rows that change the table, each with the kind of change it makes.
+
+        delta-spark's MERGE rewrites every file holding a matched row, also when no clause acts on it, and then
+        records no change data: readers take the rewritten files' rows as deleted and inserted again. So only
+        rows that act are merged: a snapshot becomes upserts of its new and changed rows and deletes of the keys
+        (in its scope) it no longer holds."""
+        from pyspark.sql import functions as F
+
+        keys = list(plan.keys)
+        wanted = [c for c in dict.fromkeys([*keys, *plan.compare, *plan.sequence]) if c in existing]
+        t = target.select(*wanted).alias("t")
+        matched = source.alias("s").join(t, F.expr(on), "left")
+        absent = " AND ".join(f"{_col('t', k)} IS NULL" for k in keys)
+        if plan.snapshot:
+            upserts = (matched.where(f"({absent}) OR ({changed})").select("s.*")
+                       .withColumn(KIND, F.lit("upsert")))
+            within = delta_rs.within(plan.scope, col=_col)
+            kept = target.alias("t").where(within) if within else target.alias("t")
+            gone = (kept.join(source.alias("s"), F.expr(on), "left_anti")
+                    .select(*[F.col(f"t.`{k}`").cast(source.schema[k].dataType).alias(k) for k in keys])
+                    .withColumn(KIND, F.lit("delete")))
+            return upserts.unionByName(gone, allowMissingColumns=True)
+        newer = delta_rs.newer_clause(plan.sequence, col=_col)
+        acts = (f"({absent}) OR (s.{KIND} = 'delete' AND ({newer})) OR "
+                f"(s.{KIND} IN ('upsert', 'update') AND ({newer}) AND ({changed}))")
+        return matched.where(acts).select("s.*")
+
     def _frame(self, data: pa.Table) -> DataFrame:
         data = delta_rs.contiguous(data)
         return self._spark.createDataFrame(data.cast(delta_compatible(data.schema)))

@@ -77,8 +77,9 @@ def delta_sink(cfg: EntityConfig, location: Path | str, **kwargs: Any) -> DeltaR
 
 def delta_spark_sink(cfg: EntityConfig, spark: SparkSession | None, location: Path | str,
                      **kwargs: Any) -> DeltaSparkSink:
-    """The same table, written by delta-spark on `spark`: a session with delta-spark's jars (the daemon's has them
-    when an entity's writer is delta-spark at its start)."""
+    """The same table, written by delta-spark on `spark` (default: the active session), which must have
+    delta-spark's jars: the daemon's has them when an entity's writer is delta-spark at its start."""
+    spark = spark or SparkSession.getActiveSession()
     if spark is None or not has_delta(spark):
         raise TerminalError(f"entity {cfg.name}: writer delta-spark needs a Spark session with delta-spark's jars; "
                             "the daemon's loads them at start when an entity's writer is delta-spark: restart it")
