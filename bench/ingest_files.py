@@ -70,6 +70,7 @@ state_dir: state
 log_level: INFO
 spark: {{master: "{master}", trigger_interval_s: {trigger}}}
 http: {{host: 127.0.0.1, port: 0}}
+writer: {writer}
 entities:
   - name: {entity}
     source: {{type: local_dir, path: landing, reconcile_interval_s: 60, max_files_per_trigger: {max_files}}}
@@ -261,7 +262,7 @@ def batch_breakdown(log_path: Path) -> list[dict]:
 def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, deadline: Deadline) -> dict:
     cfg = work / "lakefeed.yaml"
     cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
-                                 master=getattr(args, "master", "local[2]")))
+                                 master=getattr(args, "master", "local[2]"), writer=args.writer))
     (work / "landing").mkdir(exist_ok=True)
     log_path = work / "daemon.log"
     say(f"starting lakefeed ({cfg}), log {log_path}")
@@ -430,13 +431,15 @@ def main(argv: list[str] | None = None) -> int:
                         "event), or landing/_staging (a move inside the watched tree)")
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    p.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
+                   help="lakefeed's Delta writer (default delta-rs, the default config's)")
     args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
 
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-")
     report: dict = {"bench": "ingest_files", "smoke": args.smoke,
                     "files": args.files, "rows": args.files * args.rows, "rows_per_file": args.rows,
-                    "staging": args.staging,
+                    "staging": args.staging, "writer": args.writer,
                     "ok": False, "workdir": str(work)}
     try:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")

@@ -122,7 +122,7 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         os.link(source / name, staging / name)
     cfg = work / "lakefeed.yaml"
     cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
-                                 master=master))
+                                 master=master, writer="delta-rs"))
     (work / "landing" / "data").mkdir(parents=True)
     log_path = work / "daemon.log"
     say(f"[{master}] starting lakefeed, log {log_path}")

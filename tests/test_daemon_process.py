@@ -177,16 +177,17 @@ def _changes_csv(rows: list[tuple[int, str, int]]) -> str:
     return "id,v,seq,bad\n" + "".join(f"{k},{v},{s},\n" for k, v, s in rows)
 
 
-@pytest.mark.parametrize("points", [("batch.discovered", "commit.changelog"), ("commit.quarantine", "manifest.written"),
-                                    ("commit.table", "odf.block_written")])
-def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, points):
+@pytest.mark.parametrize(("points", "writer"), [
+    (("batch.discovered", "commit.changelog"), "delta-rs"), (("commit.quarantine", "manifest.written"), "delta-rs"),
+    (("commit.table", "odf.block_written"), "delta-rs"), (("commit.changelog", "commit.table"), "delta-spark")])
+def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, points, writer):
     """SIGKILL at a precise step of a batch, restart, SIGKILL at another step (of the replay or of a new batch),
-    restart, and the tables are exactly what the changes say."""
+    restart, and the tables are exactly what the changes say, whichever writer writes them."""
     import random
 
     entity = entity_yaml(cdc={"strategy": "upsert", "primary_key": ["id"], "sequence_by": ["seq"]},
                          source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
-                                 "max_files_per_trigger": 2})
+                                 "max_files_per_trigger": 2}, writer=writer)
     config = write_config(tmp_path, [entity], spark={"master": "local[2]", "trigger_interval_s": 0.2})
     rng = random.Random("-".join(points))
     files, expected = [], {}
@@ -214,6 +215,9 @@ def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, po
 
     cfg = config_module.load(config).entities[0]
     assert verify(cfg) == []  # offsets dense, the changelog replays to the table
+    last = sorted((cfg.table / "_delta_log").glob("*.json"))[-1].read_text().splitlines()
+    engine = next(json.loads(line)["commitInfo"] for line in last if "commitInfo" in line).get("engineInfo", "")
+    assert ("Delta-Lake/" in engine) == (writer == "delta-spark")  # the writer asked for wrote the table
     quarantine = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
     assert sorted(json.loads(r["raw"])["v"] for r in quarantine) == [f"bad{n}" for n in range(6)]  # each once
     entity_doc = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
