@@ -56,6 +56,8 @@ from _common import (  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
+from lakefeed.connectors.sinks.delta_log import commit_metadata
+
 ENTITY = "bench"
 METADATA_KEY = "lakefeed.partitions"
 GOAL_RATIO = 0.6
@@ -171,7 +173,7 @@ def watch_table(table_uri: Path, proc: subprocess.Popen, log_path: Path, expecte
         else:
             table.update_incremental()
         if table is not None and table.version() > seen_version:
-            new = table.history(limit=table.version() - seen_version)
+            new = map(commit_metadata, table.history(limit=table.version() - seen_version))
             for c in sorted(new, key=lambda c: c["version"]):
                 if c["version"] <= seen_version or METADATA_KEY not in c:
                     continue

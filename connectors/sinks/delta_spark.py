@@ -29,6 +29,7 @@ from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 
 _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def spark_path(uri: str) -> str:
@@ -57,6 +58,11 @@ class DeltaSparkSink(DeltaRsSink):
         # Timestamps as Parquet's TIMESTAMP(MICROS, UTC), as delta-rs writes them; Spark's default is INT96, which
         # Arrow reads back without a time zone.
         self._spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        # Delta rebuilds a table's state with a Spark job of 50 partitions by default: on the 2 cores measured a
+        # commit of task-written files took 3.2-5.4 s, with as many partitions as cores 1.2-1.5 s (and a MERGE of
+        # 10k changes into 800k rows 3.5 s instead of 7.8 s). A value set in `spark.conf` is kept.
+        if not spark.sparkContext.getConf().contains(_SNAPSHOT_PARTITIONS):
+            self._spark.conf.set(_SNAPSHOT_PARTITIONS, str(spark.sparkContext.defaultParallelism))
         self._path = spark_path(self.uri)
         self._one_file = file_bytes is not None
 

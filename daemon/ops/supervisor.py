@@ -39,6 +39,7 @@ from lakefeed.config.model import EntityConfig, LakefeedConfig
 from lakefeed.config.sources import WebhookNotifications
 from lakefeed.config.watch import ConfigWatcher
 from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.connectors.sinks.delta_spark import has_delta
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.inbox import storage
@@ -322,6 +323,7 @@ class Supervisor:
     def _apply(self, new: LakefeedConfig) -> None:
         self.config_problems = []
         self.needs_restart = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.cfg, f)]
+        new, waiting = self._writable(new)
         old = {e.name: e for e in self.cfg.entities}
         wanted = {e.name: e for e in new.entities}
         removed = [n for n in old if n not in wanted]
@@ -342,6 +344,7 @@ class Supervisor:
             log.configure(new.log_level)
         # What needs a restart keeps its running value until then.
         self.cfg = new.model_copy(update={f: getattr(self.cfg, f) for f in self.needs_restart})
+        self.needs_restart += [f"entities.{name}.writer" for name in waiting]
         for name in changed + added:
             self._start(wanted[name])
         for name in changed:
@@ -351,6 +354,23 @@ class Supervisor:
                   sources_restarted={n: s for n, s in in_place.items()},
                   unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
                   needs_restart=self.needs_restart)
+
+
+    def _writable(self, new: LakefeedConfig) -> tuple[LakefeedConfig, list[str]]:
+        """`new`, less what the running session cannot do: it loads delta-spark's jars at start only, so entities
+        a reload sets to `writer: delta-spark` are written by delta-rs (the tables are the same to both) until a
+        restart; and their names."""
+        assert self._session is not None
+        if has_delta(self._session):
+            return new, []
+        waiting = [e.name for e in new.entities if e.writer == "delta-spark"]
+        if not waiting:
+            return new, []
+        _log.warning("reload.writer_needs_restart", entities=waiting,
+                     reason="delta-spark's jars are loaded when the daemon starts; until a restart delta-rs writes "
+                            "these entities' tables")
+        kept = tuple(e.model_copy(update={"writer": "delta-rs"}) if e.name in waiting else e for e in new.entities)
+        return new.model_copy(update={"entities": kept}), waiting
 
 
 def spark_packages(cfg: LakefeedConfig) -> tuple[str, ...]:
