@@ -264,13 +264,17 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     assert run_ids() == changed
     wait_for(lambda: any("config reload rejected" in m for _, m in notes.with_field("STATUS=")), 30, 0.2,
              "STATUS= reporting the rejected config")
-    # 4. remove an entity and change the Spark master: the removal applies, the master needs a restart
+    # 4. remove an entity and change the Spark master: the removal applies, the master needs a restart; so does
+    # the delta-spark writer (the session loads its jars at start): until then delta-rs goes on writing sales
     del doc["entities"][2]
     doc["spark"]["master"] = "local[1]"
+    doc["entities"][1]["writer"] = "delta-spark"
     _write_atomically(config, doc)
     wait_for(lambda: reloads() == 3, 60, 0.2, "third reload")
     status = client.get_json("/status")[1]
-    assert set(status["entities"]) == {"events", "sales"} and status["daemon"]["needs_restart"] == ["spark"]
+    assert set(status["entities"]) == {"events", "sales"}
+    assert status["daemon"]["needs_restart"] == ["spark", "entities.sales.writer"]
+    assert run_ids()["sales/files"] == changed["sales/files"]  # not restarted: nothing it can apply changed
     assert status["daemon"]["config_problems"] == []
     assert client.push([{"id": 1}], entity="extra")[0] == 404  # removed: no longer paused for a restart
     # 5. SIGHUP reloads too (nothing changed: nothing restarts)
@@ -287,6 +291,10 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     events = _ids(tmp_path / "lake" / "events" / "table")
     assert len(events) == len(set(events)) and set(acked) <= set(events)
     assert sorted(_ids(tmp_path / "lake" / "sales" / "table")) == list(range(landed))
+    engines = [json.loads(line)["commitInfo"].get("engineInfo", "")
+               for log in (tmp_path / "lake" / "sales" / "table" / "_delta_log").glob("*.json")
+               for line in log.read_text().splitlines() if "commitInfo" in line]
+    assert engines and not any("Delta-Lake/" in e for e in engines)  # all delta-rs's
     reloading = notes.with_field("RELOADING=1")
     assert len(reloading) == 4 and all("MONOTONIC_USEC=" in m for _, m in reloading)
     readies = [t for t, _ in notes.with_field("READY=1")]
