@@ -179,7 +179,7 @@ def _changes_csv(rows: list[tuple[int, str, int]]) -> str:
 
 @pytest.mark.parametrize(("points", "writer"), [
     (("batch.discovered", "commit.changelog"), "delta-rs"), (("commit.quarantine", "manifest.written"), "delta-rs"),
-    (("commit.table", "odf.block_written"), "delta-rs"), (("commit.changelog", "commit.table"), "delta-spark")])
+    (("commit.table", "odf.block_written"), "delta-spark")])
 def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, points, writer):
     """SIGKILL at a precise step of a batch, restart, SIGKILL at another step (of the replay or of a new batch),
     restart, and the tables are exactly what the changes say, whichever writer writes them."""
