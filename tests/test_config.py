@@ -72,6 +72,14 @@ def test_landing_folder_must_be_inside_the_cdm_folder(tmp_path):
         config.load(path)
 
 
+def test_the_writer_is_set_lake_wide_or_per_entity_and_delta_spark_writes_local_tables_only(tmp_path):
+    path = write_config(tmp_path, [entity_yaml(), entity_yaml("other", writer="delta-rs")], writer="delta-spark")
+    assert [e.writer for e in config.load(path).entities] == ["delta-spark", "delta-rs"]
+    path = write_config(tmp_path, [entity_yaml(writer="delta-spark", table="s3://bucket/sales")])
+    with pytest.raises(ConfigError, match="writer delta-spark writes local tables only for now, not s3://bucket"):
+        config.load(path)
+
+
 def test_duplicate_entity_names_are_rejected(tmp_path):
     with pytest.raises(ConfigError, match="unique: sales"):
         config.load(write_config(tmp_path, [entity_yaml(), entity_yaml()]))

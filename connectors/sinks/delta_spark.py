@@ -32,11 +32,6 @@ _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
-def spark_path(uri: str) -> str:
-    """The table's location as Spark's Hadoop file systems name it: s3:// is s3a://."""
-    return "s3a://" + uri.removeprefix("s3://") if uri.startswith("s3://") else uri
-
-
 def has_delta(spark: SparkSession) -> bool:
     """Whether the session was built with delta-spark (daemon/ops/jars.py's DELTA_CONF)."""
     return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
@@ -63,7 +58,7 @@ class DeltaSparkSink(DeltaRsSink):
         # 10k changes into 800k rows 3.5 s instead of 7.8 s). A value set in `spark.conf` is kept.
         if not spark.sparkContext.getConf().contains(_SNAPSHOT_PARTITIONS):
             self._spark.conf.set(_SNAPSHOT_PARTITIONS, str(spark.sparkContext.defaultParallelism))
-        self._path = spark_path(self.uri)
+        self._path = self.uri  # local folders only (config/model.py rejects s3:// with this writer)
         self._one_file = file_bytes is not None
 
     # -- writes -------------------------------------------------------------------------------------------------

@@ -42,7 +42,6 @@ from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.delta_spark import has_delta
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
-from lakefeed.inbox import storage
 from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
@@ -374,13 +373,8 @@ class Supervisor:
 
 
 def spark_packages(cfg: LakefeedConfig) -> tuple[str, ...]:
-    """The jars the daemon's session loads: delta-spark's (and s3a's for tables in S3) when an entity's writer is
-    delta-spark."""
-    spark_written = [e for e in cfg.entities if e.writer == "delta-spark"]
-    if not spark_written:
-        return ()
-    in_s3 = any(storage.is_s3(loc) for e in spark_written for loc in (e.table, e.changelog, e.quarantine))
-    return ("delta", "s3a") if in_s3 else ("delta",)
+    """The jars the daemon's session loads: delta-spark's when an entity's writer is delta-spark."""
+    return ("delta",) if any(e.writer == "delta-spark" for e in cfg.entities) else ()
 
 
 def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:
