@@ -65,10 +65,6 @@ class DeltaSparkSink(DeltaRsSink):
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         self._write(self._frame(data), app_id, version, metadata)
 
-    def record(self, data: pa.Table, metadata: dict[str, str]) -> None:
-        writer = self._frame(data).write.format("delta").mode("append").option("mergeSchema", "true")
-        writer.option("userMetadata", json.dumps(metadata)).save(self._path)
-
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
         current = self.schema()
