@@ -310,7 +310,8 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     from lakefeed.batch import cdc
     from lakefeed.batch.changelog import assemble
     from lakefeed.config.model import CdcConfig, EntityConfig, LocalDirSource
-    from lakefeed.pipeline.commit import BatchResult, ChangelogOffsets, Committer, Sinks
+    from lakefeed.pipeline.commit import BatchResult, ChangelogOffsets, Committer
+    from lakefeed.pipeline.sinks import Sinks
 
     try:
         from lakefeed.batch import event_time

@@ -624,8 +624,8 @@ def components(work: Path, broker: Broker, partitions: int, batch: int, deadline
     from lakefeed.batch import messages
     from lakefeed.config import model as lakefeed_config
     from lakefeed.connectors.sources.kafka_source import _KafkaStreamReader, _Options, _TopicRange
-    from lakefeed.pipeline.commit import Sinks
     from lakefeed.pipeline.entity import EntityPipeline
+    from lakefeed.pipeline.sinks import Sinks
     from lakefeed.pipeline.tasks import Here
 
     log.configure("WARNING", json=True)  # lakefeed logs to stderr; stdout is for the report

@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
     from lakefeed import log
     from lakefeed.inbox.files import FileEvent, Inbox
     from lakefeed.manifests.msc import MscWriter, Obj
-    from lakefeed.pipeline.commit import Sinks
     from lakefeed.pipeline.entity import EntityPipeline
+    from lakefeed.pipeline.sinks import Sinks
 
     log.configure("WARNING")  # on stderr: stdout is the report's
     report: dict = {"bench": "msc_upkeep", "smoke": args.smoke, "files": args.files, "part_lines": args.part_lines,

@@ -353,8 +353,8 @@ def test_with_sdk_precedence_the_daemon_writes_what_the_sdk_finds(landed, patter
     both lists; partitions, arguments, traits, file times and the manifest's times agree."""
     from lakefeed.config import model as config
     from lakefeed.inbox.files import FileEvent, Inbox
-    from lakefeed.pipeline.commit import Sinks
     from lakefeed.pipeline.entity import EntityPipeline
+    from lakefeed.pipeline.sinks import Sinks
     from tests.conftest import write_config
 
     with tempfile.TemporaryDirectory() as tmp:

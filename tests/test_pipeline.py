@@ -15,8 +15,8 @@ from lakefeed.config import model as config
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
 from lakefeed.inbox.files import FileEvent, Inbox
-from lakefeed.pipeline.commit import Sinks
 from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import entity_yaml, land, write_config
 
 

@@ -23,8 +23,8 @@ from lakefeed.inbox.spool import Pending, Spool, SpoolEnd, SpoolReader, encode
 from lakefeed.intake import openapi
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.push_api import Endpoint, PushApi, token_hash
-from lakefeed.pipeline.commit import Sinks
 from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import write_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
-from lakefeed.config import cdm_root
+from lakefeed.config import cdm_root, lines
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
 from lakefeed.config.formats import CsvFormat, FileFormat, JsonFormat, ModelJsonFormat, ParquetFormat
@@ -199,12 +199,11 @@ class EntityConfig(Frozen):
 
     @model_validator(mode="after")
     def _writable(self) -> EntityConfig:
-        if self.writer == "delta-spark":
-            remote = [str(loc) for loc in (self.table, self.changelog, self.quarantine, self.history,
-                                           self.tombstones) if str(loc).startswith("s3://")]
-            if remote:
-                raise ValueError(f"writer delta-spark writes local tables only for now, not {remote[0]}: use "
-                                 "writer delta-rs for tables in S3")
+        remote = [str(loc) for loc in (self.table, self.changelog, self.quarantine, self.history, self.tombstones)
+                  if str(loc).startswith("s3://")]
+        if self.writer == "delta-spark" and remote:
+            raise ValueError(f"writer delta-spark writes local tables only for now, not {remote[0]}: use writer "
+                             "delta-rs for tables in S3")
         return self
 
     @model_validator(mode="after")
@@ -386,7 +385,8 @@ def load(path: str | Path) -> LakefeedConfig:
             entities, origin, described = cdm_root.expand(data["entities"], path.parent.resolve())
         except cdm_root.TreeError as exc:
             loc = ("entities", exc.index, exc.key)
-            problem = str(exc) if exc.where else f"{path}:{_line_of(node, loc)}: entities.{exc.index}.{exc.key}: {exc}"
+            where = f"{path}:{lines.line_of(node, loc)}: entities.{exc.index}.{exc.key}"
+            problem = str(exc) if exc.where else f"{where}: {exc}"
             raise ConfigError([problem]) from exc
         data = {**data, "entities": entities, "described_by": [str(p) for p in described]}
     try:
@@ -396,21 +396,5 @@ def load(path: str | Path) -> LakefeedConfig:
         for err in exc.errors():
             loc = cdm_root.config_loc(tuple(err["loc"]), origin)
             field = ".".join(str(p) for p in loc) or "(root)"
-            problems.append(f"{path}:{_line_of(node, loc)}: {field}: {err['msg']}")
+            problems.append(f"{path}:{lines.line_of(node, loc)}: {field}: {err['msg']}")
         raise ConfigError(problems) from exc
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
-    """The 1-based line of the deepest YAML node along a pydantic error location."""
-    line = node.start_mark.line + 1 if node is not None else 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if k.value == part), None)
-            if match is None:
-                continue  # a union tag or a missing key: stay on the parent
-            key_line = next(k.start_mark.line for k, v in node.value if v is match)
-            node, line = match, key_line + 1
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-    return line

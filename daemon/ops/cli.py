@@ -253,7 +253,7 @@ def _cell(value: Any) -> str:
 def _advance_watermark(cfg: config.LakefeedConfig, entity: str, to: str) -> int:
     from lakefeed import clock
     from lakefeed.batch.event_time import WATERMARK_KEY
-    from lakefeed.pipeline.commit import delta_sink
+    from lakefeed.pipeline.sinks import delta_sink
 
     if entity not in {e.name for e in cfg.entities}:
         print(f"lakefeed: no entity {entity!r} in the config", file=sys.stderr)

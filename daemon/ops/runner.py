@@ -39,9 +39,10 @@ from lakefeed.intake.client import IntakeProcess
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.spark import FrameParts, SparkSpread
-from lakefeed.pipeline.commit import BatchResult, Sinks
+from lakefeed.pipeline.commit import BatchResult
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import store_fault
+from lakefeed.pipeline.sinks import Sinks
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")

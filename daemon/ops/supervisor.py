@@ -39,14 +39,13 @@ from lakefeed.config.model import EntityConfig, LakefeedConfig
 from lakefeed.config.sources import WebhookNotifications
 from lakefeed.config.watch import ConfigWatcher
 from lakefeed.connectors.sinks import cdm_manifest
-from lakefeed.connectors.sinks.delta_spark import has_delta
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, LakefeedError
 from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
-from lakefeed.ops import spark, status_api
+from lakefeed.ops import spark, status_api, writers
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
 from lakefeed.ops.runner import EntityRunner
@@ -113,7 +112,7 @@ class Supervisor:
         return 0
 
     def _run_spark(self) -> None:
-        session = self._session = spark.session(self.cfg.spark, packages=spark_packages(self.cfg))
+        session = self._session = spark.session(self.cfg.spark, packages=writers.spark_packages(self.cfg))
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
@@ -322,7 +321,8 @@ class Supervisor:
     def _apply(self, new: LakefeedConfig) -> None:
         self.config_problems = []
         self.needs_restart = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.cfg, f)]
-        new, waiting = self._writable(new)
+        assert self._session is not None
+        new, waiting = writers.until_restart(new, self._session)
         old = {e.name: e for e in self.cfg.entities}
         wanted = {e.name: e for e in new.entities}
         removed = [n for n in old if n not in wanted]
@@ -353,28 +353,6 @@ class Supervisor:
                   sources_restarted={n: s for n, s in in_place.items()},
                   unchanged=[n for n in wanted if n not in added and n not in changed and n not in in_place],
                   needs_restart=self.needs_restart)
-
-
-    def _writable(self, new: LakefeedConfig) -> tuple[LakefeedConfig, list[str]]:
-        """`new`, less what the running session cannot do: it loads delta-spark's jars at start only, so entities
-        a reload sets to `writer: delta-spark` are written by delta-rs (the tables are the same to both) until a
-        restart; and their names."""
-        assert self._session is not None
-        if has_delta(self._session):
-            return new, []
-        waiting = [e.name for e in new.entities if e.writer == "delta-spark"]
-        if not waiting:
-            return new, []
-        _log.warning("reload.writer_needs_restart", entities=waiting,
-                     reason="delta-spark's jars are loaded when the daemon starts; until a restart delta-rs writes "
-                            "these entities' tables")
-        kept = tuple(e.model_copy(update={"writer": "delta-rs"}) if e.name in waiting else e for e in new.entities)
-        return new.model_copy(update={"entities": kept}), waiting
-
-
-def spark_packages(cfg: LakefeedConfig) -> tuple[str, ...]:
-    """The jars the daemon's session loads: delta-spark's when an entity's writer is delta-spark."""
-    return ("delta",) if any(e.writer == "delta-spark" for e in cfg.entities) else ()
 
 
 def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] | None:

@@ -35,9 +35,10 @@ from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
 from lakefeed.pipeline import snapshots, tasks
-from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer, Sinks
+from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
 from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
+from lakefeed.pipeline.sinks import Sinks
 
 _log = log.get(__name__)
 FRAME_ROWS_PER_TASK = 50_000  # fewer rows decode faster in this batch's one task than Spark starts another

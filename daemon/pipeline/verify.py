@@ -22,7 +22,7 @@ from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper
-from lakefeed.pipeline.commit import delta_sink
+from lakefeed.pipeline.sinks import delta_sink
 
 
 def _rows(sink: DeltaRsSink) -> pa.Table | None:
