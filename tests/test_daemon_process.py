@@ -40,6 +40,13 @@ class Daemon:
             return 0
         return sum(1 for line in self.log.read_text(errors="replace").splitlines() if f'"event": "{name}"' in line)
 
+    def records(self, name: str) -> list[dict]:
+        """The log's records of one event, parsed."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text(errors="replace").splitlines()
+                if f'"event": "{name}"' in line and line.startswith("{")]
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)

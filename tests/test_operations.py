@@ -349,7 +349,9 @@ def test_sigterm_gives_up_a_hostile_file_batch_when_the_shutdown_timeout_is_up_a
     daemon.signal(signal.SIGTERM)
     assert daemon.wait(3 + 20) == 0  # shutdown_timeout_s, and the time to stop the queries and Spark
     log = daemon.log.read_text()
-    assert daemon.events("batch.abandoned") == 1 and daemon.events("daemon.stop_forced") == 0, log[-3000:]
+    # The push's own batch may be cut by the same stop (then it too is replayed); the hostile one is, once.
+    abandoned = [record["entity"] for record in daemon.records("batch.abandoned")]
+    assert abandoned.count("sales") == 1 and daemon.events("daemon.stop_forced") == 0, log[-3000:]
     assert daemon.events("file.unmatched") < 12  # given up part-way
     assert time.monotonic() - stopping < 3 + 20
 
