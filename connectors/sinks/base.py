@@ -1,7 +1,8 @@
 """The contract of a table sink.
 
-A TableSink is a table that commits idempotently: a commit carries an application
-transaction (app_id, version) and a replayed one is recognised and skipped.
+A TableSink is a table whose every commit carries an application transaction (app_id, version):
+`committed_version` tells whether a batch is in already. The caller decides from it whether a
+write is due (daemon/pipeline/commit.py, once per table and batch); a sink writes what it is given.
 """
 
 from __future__ import annotations

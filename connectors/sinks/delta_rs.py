@@ -76,14 +76,7 @@ class DeltaRsSink(TableSink):
         table = self._load()
         return table.transaction_version(app_id) if table is not None else None
 
-    def replayed(self, app_id: str, version: int) -> bool:
-        """The table recorded (app_id, version) or a later version of app_id: this commit is a replay."""
-        committed = self.committed_version(app_id)
-        return committed is not None and committed >= version
-
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
-        if self.replayed(app_id, version):
-            return
         target = self._target()
         write_deltalake(
             target,
@@ -101,8 +94,6 @@ class DeltaRsSink(TableSink):
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
-        if self.replayed(app_id, version):
-            return
         actions = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
         properties = CommitProperties(custom_metadata=metadata, app_transactions=[Transaction(app_id, version)])
         table = self._load()
@@ -161,8 +152,6 @@ class DeltaRsSink(TableSink):
         return table.version() if table is not None else None
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
-        if self.replayed(app_id, version):
-            return self.version()  # type: ignore[return-value]
         source = contiguous(source)
         columns = [c for c in source.column_names if c != KIND]
         table = self._load()
@@ -205,8 +194,6 @@ class DeltaRsSink(TableSink):
         return table.version()
 
     def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
-        if self.replayed(app_id, version):
-            return
         source = history_source(edits)
         columns = [c for c in source.column_names if c not in ("__h", "__at")]
         if self._load() is None:

@@ -70,14 +70,12 @@ class DeltaSparkSink(DeltaRsSink):
         current = self.schema()
         if current is None or any(f.name not in current.names for f in delta_compatible(schema)):
             # The table, or its new columns, in a commit of its own before the files': a replay finds them there.
-            self._write(self._frame(schema.empty_table()), None, None, {})
+            self._write(self._frame(schema.empty_table()), None, None, {}, exists=current is not None)
         jvm = self._spark.sparkContext._jvm
         assert jvm is not None
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
         txn = log.startTransaction()
-        if txn.txnVersion(app_id) >= version:  # read in the transaction: a commit of it meanwhile conflicts
-            return
         now = int(time.time() * 1000)
         actions = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
         actions += [{"add": {"path": quote(f.path), "partitionValues": f.partition_values, "size": f.size,
@@ -96,39 +94,41 @@ class DeltaSparkSink(DeltaRsSink):
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
         from delta.tables import DeltaTable  # delta-spark's Python API: imported where the jar is in use
 
-        if self.replayed(app_id, version):
-            return self.version()  # type: ignore[return-value]
         columns = [c for c in source.column_names if c != KIND]
         frame = self._frame(source)
-        if self.schema() is None:
+        table = self._load()
+        if table is None:
             self._create(frame.select(*columns).limit(0), cdf=True)
-        elif (self._load().metadata().configuration.get(delta_rs.CDF) != "true"):  # type: ignore[union-attr]
+            table = self._load()
+        elif table.metadata().configuration.get(delta_rs.CDF) != "true":
             self._spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({delta_rs.CDF} = true)")
-        before = self.version()
-        existing = set(self.schema().names)  # type: ignore[union-attr]
+            table = self._load()
+        assert table is not None
+        before, current = table.version(), pa.schema(table.schema().to_arrow())
+        existing = set(current.names)
         values = {c: _col("s", c) for c in columns}
         on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
         changed = delta_rs.changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
                                           tuple(c for c in plan.compare if c in columns and c not in existing),
                                           col=_col)
-        table = DeltaTable.forPath(self._spark, self._path)
-        acting = self._acting(frame, table.toDF(), plan, on, changed, existing)
+        target = DeltaTable.forPath(self._spark, self._path)
+        acting = self._acting(frame, target.toDF(), plan, on, changed, existing)
         inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
-        merger = (table.alias("t").merge(acting.alias("s"), on).withSchemaEvolution()
+        merger = (target.alias("t").merge(acting.alias("s"), on).withSchemaEvolution()
                   .whenMatchedDelete(f"s.{KIND} = 'delete'")
                   .whenMatchedUpdate(f"s.{KIND} IN ('upsert', 'update')", values)
                   .whenNotMatchedInsert(f"s.{KIND} IN ({inserting})", values))
         with self._transaction(app_id, version, metadata):
             merger.execute()
-        if self.version() == before:  # nothing changed (or a replay): record the batch all the same
-            self._write(self._frame(self.schema().empty_table()), app_id, version, metadata)  # type: ignore[union-attr]
-        return self.version()  # type: ignore[return-value]
+        after = self.version()
+        if after == before:  # nothing changed: record the batch all the same
+            self._write(self._frame(current.empty_table()), app_id, version, metadata, exists=True)
+            after = self.version()
+        return after  # type: ignore[return-value]
 
     def apply_history(self, edits: pa.Table, keys: tuple[str, ...], app_id: str, version: int) -> None:
         from delta.tables import DeltaTable
 
-        if self.replayed(app_id, version):
-            return
         source = delta_rs.history_source(edits)
         columns = [c for c in source.column_names if c not in ("__h", "__at")]
         frame = self._frame(source)
@@ -185,11 +185,13 @@ class DeltaSparkSink(DeltaRsSink):
             writer = writer.partitionBy(*self._partition_by)
         writer.save(self._path)
 
-    def _write(self, frame: DataFrame, app_id: str | None, version: int | None, metadata: dict[str, str]) -> None:
+    def _write(self, frame: DataFrame, app_id: str | None, version: int | None, metadata: dict[str, str],
+               exists: bool = False) -> None:
+        """`exists`: the table is known to exist (it is not looked up to know whether to partition it)."""
         if self._one_file:
             frame = frame.coalesce(1)
         writer = frame.write.format("delta").mode("append").option("mergeSchema", "true")
-        if self._partition_by and self.schema() is None:
+        if self._partition_by and not exists and self.schema() is None:
             writer = writer.partitionBy(*self._partition_by)
         if app_id is not None:
             writer = writer.option("txnAppId", app_id).option("txnVersion", version)
