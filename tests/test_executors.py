@@ -14,6 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefeed.config import model as config_module
+from lakefeed.connectors.sinks.delta_log import commit_metadata
 from lakefeed.pipeline.verify import verify
 from tests.conftest import entity_yaml, land, wait_for, write_config
 from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture
@@ -36,7 +37,7 @@ def cluster(tmp_path):
 def _workers(table: Path) -> set[int]:
     """The pids of the processes that read and wrote the rows of every batch the table holds."""
     pids = set()
-    for commit in DeltaTable(str(table)).history():
+    for commit in map(commit_metadata, DeltaTable(str(table)).history()):  # either writer's
         if "lakefeed.workers" in commit:
             pids |= {int(w.rsplit(":", 1)[1]) for w in json.loads(commit["lakefeed.workers"])}
     return pids
@@ -193,14 +194,40 @@ def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_on
         _expect_exactly(cfg, 4)
 
 
+def _sql_tasks(event_log: Path) -> dict[str, set[str]]:
+    """From Spark's event log: the executors that ran the tasks of each SQL execution, by its description."""
+    executions, jobs, where = {}, {}, {}
+    for path in (p for p in event_log.iterdir() if p.is_file() and not p.name.startswith(".")):
+        for line in path.read_text(errors="replace").splitlines():
+            event = json.loads(line)
+            kind = event["Event"]
+            if kind.endswith("SparkListenerSQLExecutionStart"):
+                executions[event["executionId"]] = event.get("description", "")
+            elif kind == "SparkListenerJobStart":
+                execution = event.get("Properties", {}).get("spark.sql.execution.id")
+                for stage in event["Stage IDs"]:
+                    jobs[stage] = int(execution) if execution is not None else None
+            elif kind == "SparkListenerTaskEnd":
+                described = executions.get(jobs.get(event["Stage ID"]), "")
+                where.setdefault(described, set()).add(event["Task Info"]["Executor ID"])
+    return where
+
+
 def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path):
-    """Push frames of an append entity and of an upsert entity: executor Python workers decode them (both) and write
-    the tables' files (append); every acknowledged record is there once, offsets dense, `verify` passes."""
+    """Push frames of an append entity and of an upsert entity written by delta-spark: executor Python workers
+    decode them (both) and write the tables' files (append); delta-spark's MERGE runs in executor tasks; every
+    acknowledged record is there once, offsets dense, `verify` passes."""
     from tests.test_operations import TOKEN, Client, _push_entity
 
-    upserts = {**_push_entity("accounts"), "cdc": {"strategy": "upsert", "primary_key": ["id"]}}
+    upserts = {**_push_entity("accounts"), "cdc": {"strategy": "upsert", "primary_key": ["id"]},
+               "writer": "delta-spark"}
+    events_log = tmp_path / "spark-events"
+    events_log.mkdir()
     config = write_config(tmp_path, [_push_entity("events"), upserts],
-                          spark={"master": CLUSTER, "trigger_interval_s": 0.2})
+                          spark={"master": CLUSTER, "trigger_interval_s": 0.2,
+                                 "conf": {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events_log),
+                                          "spark.eventLog.compress": "false",
+                                          "spark.eventLog.rolling.enabled": "false"}})
     assert TOKEN
     lake = config_module.load(config)
     events, accounts = lake.entities
@@ -214,8 +241,15 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
         wait_for(lambda: _table_rows(accounts.table) == 7  # its first commit may come after the events' last
                  and sorted(DeltaTable(str(accounts.table)).to_pyarrow_table()["v"].to_pylist())
                  == sorted(f"r{n}" for n in range(23, 30)), 180, 0.3, "the last value of each account")
+        # The changelog's commit follows the table's: the batch is whole once the changelog replays to the table.
+        wait_for(lambda: _table_rows(accounts.changelog) and verify(accounts) == [], 60, 0.5, "the changelog")
         _worked_in_executors(daemon, (events, accounts))
         daemon.stop()
+        engines = {c.get("engineInfo", "") for c in DeltaTable(str(accounts.table)).history() if "engineInfo" in c}
+        assert engines and all(e.startswith("Apache-Spark/") for e in engines), engines  # delta-spark's commits
+        tasks = _sql_tasks(events_log)
+        merges = {e for d, on in tasks.items() if "merge" in d.lower() for e in on}
+        assert merges and "driver" not in merges, tasks
         rows = DeltaTable(str(events.table)).to_pyarrow_table()
         assert sorted(rows["id"].to_pylist()) == list(range(300))
         changelog = DeltaTable(str(events.changelog)).to_pyarrow_table()
