@@ -45,9 +45,11 @@ def _ids(table: Path) -> list[int]:
 
 
 @pytest.fixture
-def push_daemon(tmp_path):
+def push_daemon(tmp_path, request):
+    """`request.param` (indirect parametrization): the entity's writer, delta-rs by default."""
     entity = {"name": "events", "push": [{"name": "api", "tokens_sha256": [token_hash(TOKEN)],
-                                          "max_records_per_trigger": 300}]}
+                                          "max_records_per_trigger": 300}],
+              "writer": getattr(request, "param", "delta-rs")}
     config = write_config(tmp_path, [entity], spark={"master": "local[2]", "trigger_interval_s": 0.2})
     daemon = Daemon(config, tmp_path / "daemon.log")
     yield tmp_path, config, daemon
@@ -68,7 +70,8 @@ def _url(tmp_path: Path) -> str:
     return json.loads((tmp_path / "state" / "http.json").read_text())["url"]
 
 
-@pytest.mark.parametrize("failpoint", [None, "manifest.written"])
+@pytest.mark.parametrize(("failpoint", "push_daemon"), [(None, "delta-rs"), ("manifest.written", "delta-spark")],
+                         indirect=["push_daemon"])
 def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_daemon, failpoint):
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
@@ -111,6 +114,9 @@ def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_dae
     daemon.stop()
     ids = _ids(table)
     assert len(ids) == len(set(ids)), "a record was stored twice"
+    writer = config_module.load(config).entities[0].writer
+    engines = {c.get("engineInfo", "") for c in DeltaTable(str(table)).history()}
+    assert all(("Delta-Lake/" in e) == (writer == "delta-spark") for e in engines), engines  # that writer wrote it
     # Requests cut off by the kill were not acknowledged; if their frame was durable they are in, once.
     assert verify(config_module.load(config).entities[0]) == []
 
