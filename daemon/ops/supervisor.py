@@ -119,7 +119,7 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
         try:
-            spark.warm_up(session)
+            writers.warm_up(self.cfg, session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
             watcher = ConfigWatcher(self.config_path, self._reload.set, self.cfg.described_by,
                                     cdm_manifest.written_here) \
