@@ -40,12 +40,21 @@ def until_restart(new: LakefeedConfig, session: SparkSession) -> tuple[LakefeedC
 
 
 def warm_up(cfg: LakefeedConfig, session: SparkSession) -> None:
-    """The session's code paths before the first batch needs them: the Python workers now; with delta-spark, a
-    MERGE and an append into a scratch table in the background (the first of each in a process took 12-24 s on
-    the 2 cores measured, later ones 1-4 s), so that readiness does not wait for them."""
-    spark.warm_up(session)
-    if any(e.writer == "delta-spark" for e in cfg.entities) and has_delta(session):
-        threading.Thread(target=_warm_delta, args=(cfg, session), name="warm-delta-spark", daemon=True).start()
+    """The session's code paths, in the background while the entities start: the Python workers; with
+    delta-spark, a MERGE and an append into a scratch table (the first of each in a process took 12-24 s on the
+    2 cores measured, later ones 1-4 s). The first batch does not pay for them, and readiness does not wait."""
+    delta = any(e.writer == "delta-spark" for e in cfg.entities) and has_delta(session)
+    threading.Thread(target=_warm, args=(cfg, session, delta), name="warm-up", daemon=True).start()
+
+
+def _warm(cfg: LakefeedConfig, session: SparkSession, delta: bool) -> None:
+    try:
+        spark.warm_up(session)
+    except Exception as exc:  # a stop under way (the session is going)
+        _log.info("spark.warm_up_stopped", error=" ".join(str(exc).splitlines()[:1])[:300])
+        return
+    if delta:
+        _warm_delta(cfg, session)
 
 
 def _warm_delta(cfg: LakefeedConfig, session: SparkSession) -> None:
