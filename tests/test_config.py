@@ -72,12 +72,16 @@ def test_landing_folder_must_be_inside_the_cdm_folder(tmp_path):
         config.load(path)
 
 
-def test_the_writer_is_set_lake_wide_or_per_entity_and_delta_spark_writes_local_tables_only(tmp_path):
+def test_the_writer_is_set_lake_wide_or_per_entity_and_picks_the_session_jars(tmp_path):
+    from lakefeed.ops.writers import spark_packages
+
     path = write_config(tmp_path, [entity_yaml(), entity_yaml("other", writer="delta-rs")], writer="delta-spark")
-    assert [e.writer for e in config.load(path).entities] == ["delta-spark", "delta-rs"]
-    path = write_config(tmp_path, [entity_yaml(writer="delta-spark", table="s3://bucket/sales")])
-    with pytest.raises(ConfigError, match="writer delta-spark writes local tables only for now, not s3://bucket"):
-        config.load(path)
+    lake = config.load(path)
+    assert [e.writer for e in lake.entities] == ["delta-spark", "delta-rs"]
+    assert spark_packages(lake) == ("delta",)
+    in_s3 = config.load(write_config(tmp_path, [entity_yaml(writer="delta-spark", table="s3://bucket/sales")]))
+    assert spark_packages(in_s3) == ("delta", "s3a")  # hadoop-aws for its s3a:// table
+    assert spark_packages(config.load(write_config(tmp_path, [entity_yaml(table="s3://bucket/sales")]))) == ()
 
 
 def test_duplicate_entity_names_are_rejected(tmp_path):

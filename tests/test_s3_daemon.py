@@ -268,13 +268,15 @@ def test_sns_http_notifications_reach_the_webhook_and_bad_events_are_set_aside(t
     daemon.stop(60)
 
 
-@pytest.mark.parametrize("point", ["sqs.received", "sqs.offered"])
-def test_a_sigkill_around_the_queue_loses_nothing_and_duplicates_nothing(tmp_path, bucket, daemon, point):
+@pytest.mark.parametrize(("point", "writer"), [("sqs.received", "delta-rs"), ("sqs.offered", "delta-spark")])
+def test_a_sigkill_around_the_queue_loses_nothing_and_duplicates_nothing(tmp_path, bucket, daemon, point, writer):
+    """Killed around the queue, restarted: every object once, with the lake's tables in S3 written by either
+    writer (delta-spark through s3a, told the config's endpoint and keys)."""
     # Notified for the data's prefix only, as one would set it up: lakefeed's manifest uploads stay quiet.
     queue = s3_server.bucket_to_queue(bucket, "landing", "events", prefix="sales/", VisibilityTimeout="2")
     s3_server.drain(bucket, queue)  # the s3:TestEvent: the failpoint is for the objects' messages
-    _config(tmp_path, bucket, _entity([{"type": "sqs", "queue_url": queue, "wait_time_s": 1,
-                                        "visibility_timeout_s": 2}]))
+    _config(tmp_path, bucket, {**_entity([{"type": "sqs", "queue_url": queue, "wait_time_s": 1,
+                                           "visibility_timeout_s": 2}]), "writer": writer})
     daemon.start(env={"LAKEFEED_FAILPOINT": point})
     for key, body in OBJECTS.items():
         _put(bucket, key, body)
@@ -285,6 +287,14 @@ def test_a_sigkill_around_the_queue_loses_nothing_and_duplicates_nothing(tmp_pat
              "every object once, and the queue empty")
     daemon.stop(60)
     assert _rows(bucket) == _expected(OBJECTS)
+    # The commits, read with boto3: delta-rs's history() holds the GIL that this process's moto needs to answer.
+    s3 = bucket.client("s3")
+    logs = s3.list_objects_v2(Bucket="lake", Prefix="tables/sales/table/_delta_log/")["Contents"]
+    engines = {json.loads(line)["commitInfo"].get("engineInfo", "") for log in logs if log["Key"].endswith(".json")
+               for line in s3.get_object(Bucket="lake", Key=log["Key"])["Body"].read().decode().splitlines()
+               if "commitInfo" in line}
+    assert {"Delta-Lake/" in engine for engine in engines} == {writer == "delta-spark"}, engines
+    assert SECRET not in daemon.log.read_text()
 
 
 def _minio_record(bucket: s3_server.MotoServer, key: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -35,6 +35,26 @@ _SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 def has_delta(spark: SparkSession) -> bool:
     """Whether the session was built with delta-spark (daemon/ops/jars.py's DELTA_CONF)."""
     return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
+
+
+def s3a_conf(bucket: str, options: dict[str, str]) -> dict[str, str]:
+    """Hadoop's s3a settings for one bucket (`fs.s3a.bucket.<bucket>.*`), from the delta-rs storage options the
+    store's config makes (daemon/inbox/storage.py): the same endpoint, region and credentials. Set on the
+    writer's own session, they reach the Hadoop configuration of its jobs, and no other bucket's."""
+    conf = {"endpoint.region": options.get("AWS_REGION", "us-east-1")}
+    if endpoint := options.get("AWS_ENDPOINT_URL"):
+        conf.update({"endpoint": endpoint, "path.style.access": "true",
+                     "connection.ssl.enabled": str(endpoint.startswith("https://")).lower()})
+    if "AWS_ACCESS_KEY_ID" in options:
+        conf.update({"access.key": options["AWS_ACCESS_KEY_ID"], "secret.key": options["AWS_SECRET_ACCESS_KEY"]})
+        if token := options.get("AWS_SESSION_TOKEN"):
+            conf.update({"session.token": token,
+                         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"})
+        else:
+            conf["aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    else:  # the store's config found no credentials: anonymous, as its other clients are
+        conf["aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.AnonymousAWSCredentialsProvider"
+    return {f"fs.s3a.bucket.{bucket}.{key}": value for key, value in conf.items()}
 
 
 def _col(alias: str, name: str) -> str:
@@ -58,7 +78,11 @@ class DeltaSparkSink(DeltaRsSink):
         # 10k changes into 800k rows 3.5 s instead of 7.8 s). A value set in `spark.conf` is kept.
         if not spark.sparkContext.getConf().contains(_SNAPSHOT_PARTITIONS):
             self._spark.conf.set(_SNAPSHOT_PARTITIONS, str(spark.sparkContext.defaultParallelism))
-        self._path = self.uri  # local folders only (config/model.py rejects s3:// with this writer)
+        self._path = self.uri
+        if self.uri.startswith("s3://"):  # Hadoop's S3 client, told this bucket's endpoint and credentials
+            self._path = "s3a://" + self.uri.removeprefix("s3://")
+            for key, value in s3a_conf(urlsplit(self.uri).netloc, storage_options or {}).items():
+                self._spark.conf.set(key, value)
         self._one_file = file_bytes is not None
 
     # -- writes -------------------------------------------------------------------------------------------------

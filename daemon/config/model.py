@@ -198,15 +198,6 @@ class EntityConfig(Frozen):
         return self
 
     @model_validator(mode="after")
-    def _writable(self) -> EntityConfig:
-        remote = [str(loc) for loc in (self.table, self.changelog, self.quarantine, self.history, self.tombstones)
-                  if str(loc).startswith("s3://")]
-        if self.writer == "delta-spark" and remote:
-            raise ValueError(f"writer delta-spark writes local tables only for now, not {remote[0]}: use writer "
-                             "delta-rs for tables in S3")
-        return self
-
-    @model_validator(mode="after")
     def _landing_inside_cdm_folder(self) -> EntityConfig:
         if not self.manifest.name.endswith(".manifest.cdm.json"):
             raise ValueError("manifest must be a *.manifest.cdm.json file")

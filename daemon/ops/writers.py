@@ -19,8 +19,14 @@ _log = log.get(__name__)
 
 
 def spark_packages(cfg: LakefeedConfig) -> tuple[str, ...]:
-    """The jars the daemon's session loads: delta-spark's when an entity's writer is delta-spark."""
-    return ("delta",) if any(e.writer == "delta-spark" for e in cfg.entities) else ()
+    """The jars the daemon's session loads: delta-spark's when an entity's writer is delta-spark, and
+    hadoop-aws's (s3a://) when such an entity has a table in S3."""
+    spark_written = [e for e in cfg.entities if e.writer == "delta-spark"]
+    if not spark_written:
+        return ()
+    in_s3 = any(str(loc).startswith("s3://") for e in spark_written
+                for loc in (e.table, e.changelog, e.quarantine, e.history, e.tombstones))
+    return ("delta", "s3a") if in_s3 else ("delta",)
 
 
 def until_restart(new: LakefeedConfig, session: SparkSession) -> tuple[LakefeedConfig, list[str]]:
