@@ -25,9 +25,10 @@ CLUSTER = "local-cluster[2,1,1024]"
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
+    """`request.param` (indirect parametrization): the entity's writer, delta-rs by default."""
     entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
-                                 "max_files_per_trigger": 8})
+                                 "max_files_per_trigger": 8}, writer=getattr(request, "param", "delta-rs"))
     config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
     daemon = Daemon(config, tmp_path / "daemon.log")
     yield tmp_path, daemon, config_module.load(config).entities[0]
@@ -151,9 +152,11 @@ def test_sigkill_of_the_daemon_mid_batch_on_a_cluster_loses_and_doubles_nothing(
     _expect_exactly(cfg, 10)
 
 
+@pytest.mark.parametrize("cluster", ["delta-spark"], indirect=True)  # the daemon's SIGKILL above is on delta-rs
 def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
     """The first write task to finish its files kills its executor's JVM: Spark runs the task again on an
-    executor that lives, the batch commits once, and the dead attempt's files are removed."""
+    executor that lives, the batch commits once (through delta-spark's transaction), and the dead attempt's
+    files are removed."""
     tmp_path, daemon, cfg = cluster
     once = tmp_path / "executor-killed"
     daemon.start(env={"LAKEFEED_FAILPOINT": "executor:task.written", "LAKEFEED_FAILPOINT_ONCE": str(once)})
@@ -161,10 +164,12 @@ def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
         land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", _csv(n))
     wait_for(lambda: _table_rows(cfg.table) == 8 * ROWS_PER_FILE, 240, 0.3, "every row")
     assert once.exists(), "no executor was killed"
-    assert daemon.events("files.orphans_removed") >= 1
+    # After the commits (the rows are visible first): the dead attempt's files go.
+    wait_for(lambda: daemon.events("files.orphans_removed") >= 1, 60, 0.2, "the dead attempt's files removed")
     assert daemon.proc.poll() is None
     daemon.stop()
     _expect_exactly(cfg, 8)
+    assert all("Delta-Lake/" in c.get("engineInfo", "") for c in DeltaTable(str(cfg.table)).history())
 
 
 def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_once(tmp_path):

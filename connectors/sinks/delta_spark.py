@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -87,21 +88,28 @@ class DeltaSparkSink(DeltaRsSink):
 
     # -- writes -------------------------------------------------------------------------------------------------
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
+        if data.num_rows == 0:  # a commit of the transaction alone: Spark would write an empty file no log holds
+            self.commit_files([], data.schema, app_id, version, metadata)
+            return
         self._write(self._frame(data), app_id, version, metadata)
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
         current = self.schema()
-        if current is None or any(f.name not in current.names for f in delta_compatible(schema)):
-            # The table, or its new columns, in a commit of its own before the files': a replay finds them there.
-            self._write(self._frame(schema.empty_table()), None, None, {}, exists=current is not None)
+        now = int(time.time() * 1000)
+        actions: list[dict[str, Any]] = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
+        if current is None:  # the table is made by this commit (its folder already holds the tasks' files)
+            actions.append({"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                                         "schemaString": self._frame(schema.empty_table()).schema.json(),
+                                         "partitionColumns": list(self._partition_by or ()), "configuration": {},
+                                         "createdTime": now}})
+        elif any(f.name not in current.names for f in delta_compatible(schema)):
+            self._add_columns(schema, current)  # in a commit of its own first: a replay finds them there
         jvm = self._spark.sparkContext._jvm
         assert jvm is not None
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
         txn = log.startTransaction()
-        now = int(time.time() * 1000)
-        actions = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
         actions += [{"add": {"path": quote(f.path), "partitionValues": f.partition_values, "size": f.size,
                              "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats}}
                     for f in files]
@@ -146,7 +154,7 @@ class DeltaSparkSink(DeltaRsSink):
             merger.execute()
         after = self.version()
         if after == before:  # nothing changed: record the batch all the same
-            self._write(self._frame(current.empty_table()), app_id, version, metadata, exists=True)
+            self.commit_files([], current, app_id, version, metadata)
             after = self.version()
         return after  # type: ignore[return-value]
 
@@ -202,23 +210,30 @@ class DeltaSparkSink(DeltaRsSink):
         return self._spark.createDataFrame(data.cast(delta_compatible(data.schema)))
 
     def _create(self, empty: DataFrame, cdf: bool) -> None:
-        writer = empty.write.format("delta").mode("append")
-        if cdf:
-            writer = writer.option(delta_rs.CDF, "true")
-        if self._partition_by:
-            writer = writer.partitionBy(*self._partition_by)
-        writer.save(self._path)
+        """The table, in a commit of metadata alone (Spark's write of an empty frame leaves an empty Parquet file
+        beside the table that its log does not hold)."""
+        from delta.tables import DeltaTable
 
-    def _write(self, frame: DataFrame, app_id: str | None, version: int | None, metadata: dict[str, str],
-               exists: bool = False) -> None:
-        """`exists`: the table is known to exist (it is not looked up to know whether to partition it)."""
+        builder = DeltaTable.createIfNotExists(self._spark).location(self._path).addColumns(empty.schema)
+        if self._partition_by:
+            builder = builder.partitionedBy(*self._partition_by)
+        if cdf:
+            builder = builder.property(delta_rs.CDF, "true")
+        builder.execute()
+
+    def _add_columns(self, schema: pa.Schema, current: pa.Schema) -> None:
+        fields = self._frame(schema.empty_table()).schema.fields
+        added = ", ".join(f"`{f.name.replace('`', '``')}` {f.dataType.simpleString()}" for f in fields
+                          if f.name not in current.names)
+        self._spark.sql(f"ALTER TABLE delta.`{self._path}` ADD COLUMNS ({added})")
+
+    def _write(self, frame: DataFrame, app_id: str, version: int, metadata: dict[str, str]) -> None:
         if self._one_file:
             frame = frame.coalesce(1)
         writer = frame.write.format("delta").mode("append").option("mergeSchema", "true")
-        if self._partition_by and not exists and self.schema() is None:
+        if self._partition_by and self.schema() is None:
             writer = writer.partitionBy(*self._partition_by)
-        if app_id is not None:
-            writer = writer.option("txnAppId", app_id).option("txnVersion", version)
+        writer = writer.option("txnAppId", app_id).option("txnVersion", version)
         if metadata:
             writer = writer.option("userMetadata", json.dumps(metadata))
         writer.save(self._path)
