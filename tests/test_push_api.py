@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pyspark.errors import PySparkTypeError
 
 from lakefeed.config import model as config
 from lakefeed.errors import TerminalError
@@ -378,3 +379,39 @@ def test_acknowledged_records_the_table_refuses_are_parked_in_quarantine_and_the
     assert api.post(b'[{"id": 4}]')[0] == 202
     api.ingest()
     assert [r["id"] for r in api.table()] == [1, 4]
+
+
+def _raising(exc: Exception):
+    def merge(*args: object, **kwargs: object) -> int:
+        raise exc
+    return merge
+
+
+def test_a_bug_in_the_commit_path_stops_the_batch_and_parks_nothing(make_api, monkeypatch):
+    """A plain TypeError is lakefeed's own fault (a call with the wrong arguments), not the data's: the batch
+    is raised for the entity to stop with it, nothing goes to quarantine, and once the code is right the same
+    frames commit. Arrow's and Spark's TypeErrors are types the data has and the writer cannot take: parked."""
+    api = make_api()
+    assert api.post(b'[{"id": 1}, {"id": 2}]')[0] == 202
+    sink = api.pipelines["orders"].sinks.table
+
+    monkeypatch.setattr(sink, "merge", _raising(TypeError("merge() got an unexpected keyword argument 'plan'")))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        api.ingest()
+    assert not DeltaTable.is_deltatable(str(api.cfg.entity("orders").quarantine))
+    monkeypatch.undo()
+    api.done.clear()  # the batch is replayed from the spool, as a restart does
+    api.ingest()
+    assert [r["id"] for r in api.table()] == [1, 2]
+
+    refusals = [pa.ArrowTypeError("Unable to merge: Field id has incompatible types: int64 vs string"),
+                PySparkTypeError(errorClass="UNSUPPORTED_DATA_TYPE_FOR_ARROW_CONVERSION",
+                                 messageParameters={"data_type": "uint64"})]
+    for n, refusal in enumerate(refusals, start=3):
+        assert api.post(json.dumps([{"id": n}]).encode())[0] == 202
+        monkeypatch.setattr(sink, "merge", _raising(refusal))
+        api.ingest()  # a data fault: parked, not raised
+    quarantine = DeltaTable(str(api.cfg.entity("orders").quarantine)).to_pyarrow_table().to_pylist()
+    reasons = {json.loads(q["raw"])["id"]: q["reason"] for q in quarantine}
+    assert reasons.keys() == {"3", "4"}
+    assert "ArrowTypeError" in reasons["3"] and "PySparkTypeError" in reasons["4"]

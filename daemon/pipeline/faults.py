@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake.exceptions import CommitFailedError
+from pyspark.errors import PySparkException
 
 from lakefeed.batch import cdc
 from lakefeed.batch.changelog import quarantine_table
@@ -38,14 +39,20 @@ def store_fault(exc: BaseException) -> bool:
     return bool(_STORE.search(str(exc)))
 
 
-# Errors of lakefeed's own code, not of the data: parking would hide them behind a quarantine.
-_BUGS = (AttributeError, NameError, AssertionError, ImportError, RecursionError)
+# Errors of lakefeed's own code, not of the data: parking would hide them behind a quarantine. A TypeError is
+# one too (a call with the wrong arguments), but not Arrow's or Spark's: ArrowTypeError is a cast the data
+# cannot take, PySparkTypeError a type Spark cannot convert ("uint64 is not supported in conversion to Arrow").
+_BUGS = (AttributeError, NameError, AssertionError, ImportError, RecursionError, TypeError)
+
+
+def _bug(exc: BaseException) -> bool:
+    return isinstance(exc, _BUGS) and not isinstance(exc, pa.ArrowException | PySparkException)
 
 
 def data_fault(exc: BaseException) -> bool:
     """Not the store's fault, not a bug: delta-rs raises its schema refusals as bare Exceptions ("Schema error:
     Duplicate field name"), Arrow its casts as ArrowInvalid, and so on."""
-    if store_fault(exc) or isinstance(exc, (LakefeedError, *_BUGS)):  # lakefeed's own errors say what to do
+    if store_fault(exc) or isinstance(exc, LakefeedError) or _bug(exc):  # lakefeed's own errors say what to do
         return False
     return isinstance(exc, Exception)
 
