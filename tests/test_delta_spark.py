@@ -140,3 +140,19 @@ def test_user_metadata_of_others_is_left_alone():
     assert commit_metadata({"userMetadata": "not json lakefeed."}) == {"userMetadata": "not json lakefeed."}
     mine = commit_metadata({"version": 3, "userMetadata": json.dumps({"lakefeed.batch_id": "4", "other": 1})})
     assert mine["lakefeed.batch_id"] == "4" and "other" not in mine
+
+
+def test_the_warm_up_runs_every_delta_spark_write_path_in_scratch_tables_and_removes_them(spark, tmp_path):
+    """MERGE, append and a commit of task files (a new table, then one more commit): a fault in any of them is
+    logged as `writer.warm_up_stopped`, not `writer.warmed`."""
+    from structlog.testing import capture_logs
+
+    from lakefeed.config import model as config
+    from lakefeed.ops import writers
+    from tests.conftest import entity_yaml, write_config
+
+    cfg = config.load(write_config(tmp_path, [entity_yaml("e", writer="delta-spark")]))
+    with capture_logs() as logs:
+        writers._warm_delta(cfg, spark)
+    assert [e["event"] for e in logs] == ["writer.warmed"], logs
+    assert not (cfg.state_dir / "warm-up-delta-spark").exists()
