@@ -66,6 +66,15 @@ def write_config(folder: Path, entities: list[dict[str, Any]] | None = None, **t
     return path
 
 
+def writers_of(table: Path | str, storage_options: dict[str, str] | None = None) -> set[str]:
+    """Which writers made the commits of a Delta table, by their engineInfo: delta-spark's reads
+    "Apache-Spark/<v> Delta-Lake/<v>", delta-rs's "delta-rs:py-<v>"."""
+    from deltalake import DeltaTable
+
+    engines = [c.get("engineInfo", "") for c in DeltaTable(str(table), storage_options=storage_options).history()]
+    return {"delta-spark" if "Delta-Lake/" in e else "delta-rs" if e.startswith("delta-rs") else e for e in engines}
+
+
 def land(path: Path, text: str) -> Path:
     """Write a file the way producers should: under a temporary name, then rename into place."""
     path.parent.mkdir(parents=True, exist_ok=True)

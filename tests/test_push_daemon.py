@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from lakefeed.config import model as config_module
 from lakefeed.intake.push_api import token_hash
 from lakefeed.pipeline.verify import verify
-from tests.conftest import wait_for, write_config
+from tests.conftest import wait_for, write_config, writers_of
 from tests.test_daemon_process import Daemon
 
 TOKEN = "t-push"
@@ -45,9 +45,9 @@ def _ids(table: Path) -> list[int]:
 
 
 @pytest.fixture
-def push_daemon(tmp_path):
-    entity = {"name": "events", "push": [{"name": "api", "tokens_sha256": [token_hash(TOKEN)],
-                                          "max_records_per_trigger": 300}]}
+def push_daemon(tmp_path, request):
+    entity = {"name": "events", "writer": getattr(request, "param", "delta-rs"),
+              "push": [{"name": "api", "tokens_sha256": [token_hash(TOKEN)], "max_records_per_trigger": 300}]}
     config = write_config(tmp_path, [entity], spark={"master": "local[2]", "trigger_interval_s": 0.2})
     daemon = Daemon(config, tmp_path / "daemon.log")
     yield tmp_path, config, daemon
@@ -68,10 +68,11 @@ def _url(tmp_path: Path) -> str:
     return json.loads((tmp_path / "state" / "http.json").read_text())["url"]
 
 
-@pytest.mark.parametrize("failpoint", [None, "manifest.written"])
+@pytest.mark.parametrize(("failpoint", "push_daemon"), [(None, "delta-spark"), ("manifest.written", "delta-rs")],
+                         indirect=["push_daemon"], ids=["anywhere-delta-spark", "manifest.written-delta-rs"])
 def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_daemon, failpoint):
-    """Written by delta-rs. delta-spark's append path (task files committed by the driver) is killed in
-    tests/test_executors.py, and with the tables in S3 in tests/test_s3_daemon.py."""
+    """Each writer once: delta-spark (its tasks' files committed by the driver through Delta's transaction) killed
+    wherever it is when 3000 records are acknowledged, delta-rs right after a batch's manifests."""
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
     daemon.start(env={"LAKEFEED_FAILPOINT": failpoint} if failpoint else None)
@@ -114,7 +115,9 @@ def test_sigkill_right_after_acknowledgements_loses_and_repeats_nothing(push_dae
     ids = _ids(table)
     assert len(ids) == len(set(ids)), "a record was stored twice"
     # Requests cut off by the kill were not acknowledged; if their frame was durable they are in, once.
-    assert verify(config_module.load(config).entities[0]) == []
+    cfg = config_module.load(config).entities[0]
+    assert verify(cfg) == []
+    assert writers_of(cfg.table) == {cfg.writer}
 
 
 def test_idempotency_survives_a_restart_and_sigterm_exits_cleanly(push_daemon):
