@@ -21,7 +21,7 @@ from moto.server import ThreadedMotoServer
 
 from lakefeed.config import model as config_module
 from lakefeed.pipeline.verify import verify
-from tests.conftest import wait_for, write_config
+from tests.conftest import wait_for, write_config, writers_of
 from tests.kafka_broker import (
     Broker,
     free_port,
@@ -93,12 +93,14 @@ def _debezium(op: str, before: dict | None, after: dict | None, ts: int) -> dict
 
 
 def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, durable_broker):
+    """Both writers in one daemon: the orders (appends) by delta-rs, the customers (MERGE) by delta-spark."""
     broker = durable_broker
     broker.create_topic("orders", 3)
     broker.create_topic("customers", 1)
     orders = {"name": "orders", "kafka": [{"name": "topic", "bootstrap_servers": broker.bootstrap,
                                            "topics": ["orders"], "max_offsets_per_trigger": 150}]}
-    customers = {"name": "customers", "cdc": {"strategy": "changelog", "primary_key": ["id"], "debezium": True},
+    customers = {"name": "customers", "writer": "delta-spark",
+                 "cdc": {"strategy": "changelog", "primary_key": ["id"], "debezium": True},
                  "kafka": [{"name": "cdc", "bootstrap_servers": broker.bootstrap, "pattern": "cust.*"}]}
     config = write_config(tmp_path, [orders, customers], spark={"master": "local[2]", "trigger_interval_s": 0.3})
     table = tmp_path / "lake" / "orders" / "table"
@@ -148,6 +150,8 @@ def test_topics_land_exactly_once_across_sigkill_and_a_broker_outage(tmp_path, d
     assert all(q["line"] >= 200 for q in quarantine)  # the offsets of the bad messages in partition 0
     cfg = config_module.load(config)
     assert verify(cfg.entity("orders")) == [] and verify(cfg.entity("customers")) == []
+    assert writers_of(cfg.entity("orders").table) == {"delta-rs"}
+    assert writers_of(cfg.entity("customers").table) == {"delta-spark"}
 
 
 def test_a_broker_that_lost_its_data_stops_the_source_with_a_clear_error(tmp_path, kafka_broker):  # noqa: F811
