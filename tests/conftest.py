@@ -86,10 +86,16 @@ def land(path: Path, text: str) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
+    """local[2]; or the master LAKEFEED_TEST_SPARK_MASTER names (tests/test_cdc.py runs its delta-spark model
+    test on local-cluster that way), with a shuffle partition per executor."""
     from lakefeed.config.model import SparkConfig
     from lakefeed.ops import spark as spark_module
 
-    session = spark_module.session(SparkConfig(master="local[2]", conf={"spark.sql.shuffle.partitions": "1"}),
+    master = os.environ.get("LAKEFEED_TEST_SPARK_MASTER", "local[2]")
+    partitions = "1" if master.startswith("local[") else "2"
+    session = spark_module.session(SparkConfig(master=master, conf={"spark.sql.shuffle.partitions": partitions}),
                                    packages=("delta",))  # for the delta-spark writer
+    if master.startswith("local-cluster"):  # its executors, registered: no task runs in the driver
+        wait_for(lambda: session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() > 2, 120, 0.2, "executors")
     yield session
     session.stop()

@@ -4,6 +4,9 @@ Delta tables: random batches of changes with duplicates, out-of-order sequences,
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -151,6 +154,18 @@ def test_strategy_written_by_delta_spark_matches_reference_model(spark, strategy
                                                                  late_policy, key):
     """The same model, the tables written by delta-spark: fewer examples (a MERGE takes about a second)."""
     _matches_reference_model("delta-spark", strategy, sequence, data, update_of_absent, late_policy, key, False)
+
+
+def test_the_delta_spark_model_test_passes_on_a_local_cluster():
+    """The same property test for the keyed strategies whose MERGE does the most (a snapshot's diff; a change
+    feed's upserts and deletes), in a pytest of its own whose Spark is local-cluster[2,1,1024]: two executor
+    JVMs, two shuffle partitions, every task of the MERGE on an executor."""
+    chosen = ("snapshot", "changelog")
+    test = f"{__file__}::test_strategy_written_by_delta_spark_matches_reference_model"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", " or ".join(chosen),
+                          test], env={**os.environ, "LAKEFEED_TEST_SPARK_MASTER": "local-cluster[2,1,1024]"},
+                         capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0 and f"{len(chosen)} passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
 
 
 def _matches_reference_model(writer, strategy, sequence, data, update_of_absent, late_policy, key,
