@@ -119,12 +119,13 @@ def test_every_message_once_across_a_restart_and_lag_committed_to_the_group(kspa
                "group_id": f"lag_{topic}"}
     runs.append(run := Run(kspark, tmp_path / "ckpt", **options))
     assert sorted(run.wait_rows(30)) == expected(sent, first)
-    # Spark tells the source a batch is done (commit()) when it plans the next one: the group trails by a batch.
     sent += kafka_broker.produce(topic, first[:3])
     assert sorted(run.wait_rows(33)) == expected(sent, first + first[:3])
+    # Spark tells the source a batch is done (commit()) only when it plans the next one, which an idle topic never
+    # needs: the source stores each trigger's start, so the group does not trail by the last batch.
     lag = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=f"lag_{topic}", enable_auto_commit=False)
     parts = [TopicPartition(topic, p) for p in range(3)]
-    wait_for(lambda: [lag.committed(tp) for tp in parts] == [10, 10, 10], 30, 0.2, "group offsets")
+    wait_for(lambda: [lag.committed(tp) for tp in parts] == [11, 11, 11], 30, 0.2, "group offsets")
     lag.close()
     run.stop()
 
@@ -132,6 +133,39 @@ def test_every_message_once_across_a_restart_and_lag_committed_to_the_group(kspa
     more = kafka_broker.produce(topic, second)
     runs.append(again := Run(kspark, tmp_path / "ckpt", **options))
     assert sorted(again.wait_rows(15)) == expected(more, second)  # only the new ones, none of the first 33
+
+
+def test_a_group_commit_that_failed_is_stored_at_the_next_trigger(kafka_broker, monkeypatch):
+    """The group's offsets are for lag monitoring: a failed commit (here the coordinator refuses it once) is logged,
+    never raised, and stored at the next trigger though no batch came in between."""
+    from kafka.errors import CommitFailedError
+    from structlog.testing import capture_logs
+
+    topic = kafka_broker.create_topic(topic_name(), 2)
+    kafka_broker.produce(topic, [{"n": i} for i in range(6)])
+    group = f"retry_{topic}"
+    reader = KafkaDataSource({"bootstrap_servers": kafka_broker.bootstrap, "topics": topic, "group_id": group,
+                              "startingOffsets": "earliest"}).streamReader(None)  # type: ignore[arg-type]
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {topic: {"0": 3, "1": 3}}
+    refused = []
+
+    def refuse(self, offsets, **kwargs):
+        refused.append(offsets)
+        raise CommitFailedError("the group is rebalancing")
+
+    with capture_logs() as logs:
+        with monkeypatch.context() as patch:
+            patch.setattr(KafkaConsumer, "commit", refuse)
+            reader.commit(end)  # Spark: the batch [start, end) is done
+        assert len(refused) == 1 and [e["event"] for e in logs] == ["kafka.group_commit_failed"]
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # the next trigger: nothing new
+    assert [e["event"] for e in logs] == ["kafka.group_commit_failed", "kafka.group_committed"]
+    lag = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group, enable_auto_commit=False)
+    assert [lag.committed(TopicPartition(topic, p)) for p in range(2)] == [3, 3]
+    lag.close()
+    reader.stop()
 
 
 def test_the_end_of_an_idle_topic_is_found_at_once_trigger_after_trigger(kafka_broker, tmp_path):

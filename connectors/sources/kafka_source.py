@@ -183,6 +183,8 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[Tp, int] = {}
         self._target: dict[Tp, int] | None = None  # Trigger.AvailableNow: what existed when it started
         self._retries, self._unavailable = 0, False
+        self._group_at: dict[Tp, int] | None = None  # the group's offsets as last stored
+        self._group_failing = False
 
     # -- driver side ----------------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -199,6 +201,9 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = _from_json(start)
+        # Spark plans a batch once the one before it is done, and calls commit() for that one only when it plans
+        # another: `start` is processed, and storing it here keeps an idle topic's group from trailing a batch.
+        self._store_group(begin)
         self._latest = end = self._call(lambda c: self._available(c, begin))
         if self._target is not None:
             end = _cap_at(begin, end, self._target)
@@ -215,14 +220,26 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                       self._opts.min_partitions)
 
     def commit(self, end: dict) -> None:
-        if not self._opts.group_id:
+        self._store_group(_from_json(end))
+
+    def _store_group(self, offsets: dict[Tp, int]) -> None:
+        """The consumer group's offsets (`group_id`), for lag monitoring only: the query's own are in its
+        checkpoint. A failure never fails or holds up the query; the offsets are tried again at the next trigger."""
+        if not self._opts.group_id or offsets == self._group_at:
             return
-        offsets = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in _from_json(end).items()}
         try:
-            self._client().commit(offsets, timeout_ms=5000)
-        except KafkaError as e:  # lag monitoring only: never worth failing or delaying the query
-            _log.warning("kafka.group_commit_failed", group_id=self._opts.group_id, error=repr(e))
+            self._client().commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()},
+                                  timeout_ms=5000)
+        except KafkaError as e:
+            (_log.debug if self._group_failing else _log.warning)(
+                "kafka.group_commit_failed", group_id=self._opts.group_id, error=repr(e),
+                then="tried again at the next trigger")
+            self._group_failing = True
             self._close()
+            return
+        if self._group_failing:
+            _log.info("kafka.group_committed", group_id=self._opts.group_id)
+        self._group_at, self._group_failing = offsets, False
 
     def stop(self) -> None:
         self._close()
