@@ -82,14 +82,10 @@ def _expect_exactly(cfg, files: int) -> None:
         assert _files_on_disk(Path(table)) == _files_held(Path(table))
 
 
-def test_file_batches_are_read_and_written_in_executor_processes(cluster):
-    tmp_path, daemon, cfg = cluster
-    _files_are_worked_by_two_executors(tmp_path, daemon, cfg)
-
-
 def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_standalone):  # noqa: F811
     """`spark.master: spark://…`, a master and a worker started as a user starts them: the worker's two executors
-    read and write the rows."""
+    read and write the rows of file batches (the driver reads paths and metadata only). The other tests here use
+    local-cluster, which runs the same executors without the separate master and worker."""
     entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
                                  "max_files_per_trigger": 8})
     spark = {"master": spark_standalone.url, "trigger_interval_s": 0.2,
