@@ -9,8 +9,15 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def seconds(ns: int) -> float:
+    """A file time in ns as the float `os.stat().st_mtime` gives for it (what the CDM SDK reads): not `ns / 1e9`,
+    which may differ in the last bit."""
+    whole, part = divmod(ns, 1_000_000_000)
+    return whole + part * 1e-9
+
+
 def from_ns(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns / 1e9, UTC)
+    return datetime.fromtimestamp(seconds(ns), UTC)  # rounded to the microsecond, half to even
 
 
 def to_cdm(t: datetime) -> str:

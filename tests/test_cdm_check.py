@@ -383,3 +383,25 @@ def test_with_sdk_precedence_the_daemon_writes_what_the_sdk_finds(landed, patter
         (peer / manifest.name).write_text(original)
         os.utime(peer / manifest.name, ns=(BASE_NS, BASE_NS))
         assert _ours(manifest) == _sdk(peer, manifest.name)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=SLOW)
+@given(second=st.integers(0, 4_000_000_000), part=st.integers(0, 999_999_999)
+       | st.integers(999_999_000, 999_999_999) | st.integers(0, 999).map(lambda n: n * 1_000_000 + 999_700))
+def test_file_times_are_stamped_as_the_sdk_stamps_them(tmp_path, second, part):
+    """The SDK reads a file's time as float seconds, rounds it to the microsecond and cuts it to the millisecond:
+    the last ~0.5 µs of a millisecond is the next one (cutting the ns at once, as an earlier lakefeed did, made
+    the SDK check's `lastFileModifiedTime` differ from the SDK's by a millisecond now and then)."""
+    from datetime import UTC, datetime
+
+    from cdm.utilities.time_utils import _get_formatted_date_string as sdk_stamp
+
+    from lakefeed import clock
+    from lakefeed.manifests.cdm_json import Stamps
+
+    path = tmp_path / "f.csv"
+    path.touch()
+    os.utime(path, ns=(second * 1_000_000_000 + part,) * 2)
+    sdk = sdk_stamp(datetime.fromtimestamp(os.path.getmtime(path), UTC))
+    assert Stamps()(path.stat().st_mtime_ns) == sdk
+    assert clock.to_cdm(clock.from_ns(path.stat().st_mtime_ns)) == sdk

@@ -7,6 +7,7 @@ The result is the same JSON a dict would give (`tests/test_cdm_check.py` compare
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -36,8 +37,14 @@ class Stamps:
         return text
 
     def __call__(self, mtime_ns: int) -> str:
-        ms = mtime_ns // 1_000_000
-        return f"{self.seconds.get(ms // 1000) or self.second(ms // 1000)}.{ms % 1000:03d}Z"
+        """As the SDK stamps it: the float seconds rounded to the microsecond (as `datetime.fromtimestamp`
+        rounds), then cut to the millisecond. Cutting the ns at once is a millisecond less for the last ~0.5 µs
+        of each millisecond."""
+        part, whole = math.modf(clock.seconds(mtime_ns))
+        second, us = int(whole), round(part * 1e6)
+        if us >= 1_000_000:
+            second, us = second + 1, us - 1_000_000
+        return f"{self.seconds.get(second) or self.second(second)}.{us // 1000:03d}Z"
 
 
 class PartitionText:
