@@ -5,8 +5,8 @@
   logs a batch's end offsets before running it and marks it done after the sink has it, so a restarted query
   re-reads or skips exactly the right records. A consumer group cannot do that: its commit is neither atomic
   with the sink nor tied to a batch, so resuming from it would lose or repeat records after a crash.
-- `group_id`, when set, only mirrors processed offsets into that consumer group in `commit()` so the usual lag
-  tools see how far behind the query is. It is best effort and never read back.
+- `group_id`, when set, only mirrors processed offsets into that consumer group (kafka_group.py), at each trigger
+  and in `commit()`, so the usual lag tools see how far behind the query is. It is best effort, never read back.
 - One InputPartition per topic-partition with new records, large ranges split so that every core reads (option
   `minPartitions`): executors `assign()` + `seek()` (no rebalances), read exactly [start, end), yield Arrow batches
   decoded a whole fetch at a time (connectors/sources/kafka_records.py).
@@ -36,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
-from kafka.structs import OffsetAndMetadata
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from lakefeed import log
+from lakefeed.connectors.sources.kafka_group import GroupOffsets
 from lakefeed.connectors.sources.kafka_records import arrow_fetches
 from lakefeed.errors import TerminalError, TransientError
 
@@ -183,8 +183,7 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[Tp, int] = {}
         self._target: dict[Tp, int] | None = None  # Trigger.AvailableNow: what existed when it started
         self._retries, self._unavailable = 0, False
-        self._group_at: dict[Tp, int] | None = None  # the group's offsets as last stored
-        self._group_failing = False
+        self._group = GroupOffsets(options.group_id) if options.group_id else None
 
     # -- driver side ----------------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -203,7 +202,8 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = _from_json(start)
         # Spark plans a batch once the one before it is done, and calls commit() for that one only when it plans
         # another: `start` is processed, and storing it here keeps an idle topic's group from trailing a batch.
-        self._store_group(begin)
+        if self._group is not None:
+            self._group.store(begin, self._client, self._close)
         self._latest = end = self._call(lambda c: self._available(c, begin))
         if self._target is not None:
             end = _cap_at(begin, end, self._target)
@@ -220,26 +220,8 @@ class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                       self._opts.min_partitions)
 
     def commit(self, end: dict) -> None:
-        self._store_group(_from_json(end))
-
-    def _store_group(self, offsets: dict[Tp, int]) -> None:
-        """The consumer group's offsets (`group_id`), for lag monitoring only: the query's own are in its
-        checkpoint. A failure never fails or holds up the query; the offsets are tried again at the next trigger."""
-        if not self._opts.group_id or offsets == self._group_at:
-            return
-        try:
-            self._client().commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()},
-                                  timeout_ms=5000)
-        except KafkaError as e:
-            (_log.debug if self._group_failing else _log.warning)(
-                "kafka.group_commit_failed", group_id=self._opts.group_id, error=repr(e),
-                then="tried again at the next trigger")
-            self._group_failing = True
-            self._close()
-            return
-        if self._group_failing:
-            _log.info("kafka.group_committed", group_id=self._opts.group_id)
-        self._group_at, self._group_failing = offsets, False
+        if self._group is not None:
+            self._group.store(_from_json(end), self._client, self._close)
 
     def stop(self) -> None:
         self._close()
