@@ -36,15 +36,23 @@ class Stamps:
         text = self.seconds[second] = clock.to_cdm(datetime.fromtimestamp(second, UTC))[:-5]
         return text
 
-    def __call__(self, mtime_ns: int) -> str:
-        """As the SDK stamps it: the float seconds rounded to the microsecond (as `datetime.fromtimestamp`
-        rounds), then cut to the millisecond. Cutting the ns at once is a millisecond less for the last ~0.5 µs
-        of each millisecond."""
+    @staticmethod
+    def parts(mtime_ns: int) -> tuple[int, int]:
+        """The second and millisecond the SDK stamps a file time with: the float seconds rounded to the microsecond
+        (as `datetime.fromtimestamp` rounds), then cut to the millisecond. Cutting the ns at once is a millisecond
+        less for the last ~0.5 µs of each millisecond; below the last microsecond (the float's error is ~0.24 µs)
+        the cut is the same, and cheaper."""
+        if mtime_ns % 1_000_000 < 999_000:
+            return divmod(mtime_ns // 1_000_000, 1000)
         part, whole = math.modf(clock.seconds(mtime_ns))
         second, us = int(whole), round(part * 1e6)
         if us >= 1_000_000:
             second, us = second + 1, us - 1_000_000
-        return f"{self.seconds.get(second) or self.second(second)}.{us // 1000:03d}Z"
+        return second, us // 1000
+
+    def __call__(self, mtime_ns: int) -> str:
+        second, ms = self.parts(mtime_ns)
+        return f"{self.seconds.get(second) or self.second(second)}.{ms:03d}Z"
 
 
 class PartitionText:
@@ -95,8 +103,8 @@ class PartitionText:
         if _PLAIN(root_location) is None or _PLAIN("".join([name for name, _ in files])) is None:
             return self._each(root_location, files, fullmatch, cut)
         out: list[str] = []
-        add, fmt, groups, seconds, second = out.append, self._format, self._groups, self._stamp.seconds, \
-            self._stamp.second
+        add, fmt, groups, parts = out.append, self._format, self._groups, self._stamp.parts
+        seconds, second = self._stamp.seconds, self._stamp.second
         newest = -1
         for name, mtime in files:
             match = fullmatch(name)
@@ -106,9 +114,8 @@ class PartitionText:
             if None in captures:  # an optional group took no part: it and the rest give no argument
                 add(self((root_location + name)[cut:], match, mtime))
             else:
-                ms = mtime // 1_000_000
-                add(fmt % ((root_location + name)[cut:], *captures, seconds.get(ms // 1000) or second(ms // 1000),
-                           ms % 1000))
+                at, ms = parts(mtime)
+                add(fmt % ((root_location + name)[cut:], *captures, seconds.get(at) or second(at), ms))
             if mtime > newest:
                 newest = mtime
         return out, newest
