@@ -217,47 +217,21 @@ def _ts(ev: dict) -> float:
 
 
 def batch_breakdown(log_path: Path) -> list[dict]:
-    """Per batch, from the daemon log: read time (first file.discovered -> last one + the
-    average per-file gap), commit time (-> batch.committed), manifest time (-> manifest.written)."""
+    """Per file batch, from the daemon log: its files and rows (`batch.committed`), its seconds and where they went
+    (`batch.timed`: collect, discover, tasks, commit, manifests), when it started and ended."""
     events, _ = log_events(log_path)
-    batches: dict[int, dict] = {}
-    order = []
-    current = None
-    for ev in events:
-        b = ev.get("batch_id")
-        if ev["event"] == "file.discovered" and b is not None:
-            d = batches.setdefault(b, {"batch_id": b, "discovered": []})
-            if b not in order:
-                order.append(b)
-            d["discovered"].append(_ts(ev))
-        elif ev["event"] == "batch.committed" and b is not None:
-            d = batches.setdefault(b, {"batch_id": b, "discovered": []})
-            d["committed"] = _ts(ev)
-            d["files"], d["rows"] = ev.get("files"), ev.get("rows")
-            current = b
-        elif ev["event"] == "manifest.written" and current is not None:
-            batches[current].setdefault("manifest", _ts(ev))
-        elif ev["event"] == "odf.appended" and current is not None:
-            batches[current].setdefault("odf", _ts(ev))
-            batches[current].setdefault("odf_s", ev.get("seconds"))
+    committed: dict[int, dict] = {}
     out = []
-    for b in order:
-        d = batches[b]
-        disc = d["discovered"]
-        if not disc or "committed" not in d:
+    for ev in events:
+        if ev.get("stream") not in (None, "files") or ev.get("batch_id") is None:
             continue
-        per_file = (disc[-1] - disc[0]) / (len(disc) - 1) if len(disc) > 1 else 0.0
-        read_s = disc[-1] - disc[0] + per_file  # the last file's read is estimated by the average
-        out.append({
-            "batch_id": b, "files": d["files"], "rows": d["rows"],
-            "read_s": round(read_s, 3),
-            "concat_changelog_commit_s": round(d["committed"] - disc[-1] - per_file, 3),
-            "batch_s": round(d["committed"] - disc[0], 3),
-            "manifest_s": round(d["manifest"] - d["committed"], 3) if "manifest" in d else None,
-            "odf_chain_s": d.get("odf_s"),  # the ODF chain's refresh (hashing the slice, writing its block)
-            "all_manifests_s": round(d["odf"] - d["committed"], 3) if "odf" in d else None,
-            "start": disc[0], "committed": d["committed"],
-        })
+        if ev["event"] == "batch.committed":
+            committed[ev["batch_id"]] = ev
+        elif ev["event"] == "batch.timed" and ev["batch_id"] in committed:
+            done = _ts(ev)
+            out.append({"batch_id": ev["batch_id"], "files": committed[ev["batch_id"]].get("files"),
+                        "rows": committed[ev["batch_id"]].get("rows"), "batch_s": ev["seconds"],
+                        "stages_s": ev["stages"], "start": done - ev["seconds"], "committed": done})
     return out
 
 

@@ -88,6 +88,11 @@ def check_ingest_files(r: dict[str, Any]) -> None:
     assert r["spark_peer"]["rows"] == r["rows"]
     assert r["batches"] >= 3  # 6 files, at most 2 per batch
     assert sum(c["rows"] for c in r["lakefeed_commits"]) == r["rows"] == r["files"] * r["rows_per_file"]
+    # Where each batch's time went (`batch.timed`): every stage, and no more than the batch took.
+    assert sum(b["rows"] for b in r["lakefeed_batches_from_log"]) == r["rows"]
+    for b in r["lakefeed_batches_from_log"]:
+        assert set(b["stages_s"]) == {"collect", "discover", "tasks", "commit", "manifests"}, b
+        assert 0 < sum(b["stages_s"].values()) <= b["batch_s"] + 0.01, b
 
 
 def check_scale_out(r: dict[str, Any]) -> None:

@@ -275,7 +275,11 @@ class LakefeedConfig(Frozen):
                                "tables: a folder or s3://bucket/prefix.")
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    shutdown_timeout_s: float = Field(default=60.0, gt=0)
+    shutdown_timeout_s: float = Field(default=60.0, gt=0, description="How long a stop waits for the running "
+                                      "batches; one still running then is given up between files.")
+    stop_grace_s: float = Field(default=20.0, gt=0, description="After shutdown_timeout_s, the time left to stop "
+                                "the queries and Spark before the daemon exits by itself (128+SIGTERM; what it "
+                                "interrupts is replayed). Keep the unit's TimeoutStopSec above the two together.")
     status_sample_s: float = Field(default=10.0, gt=0, le=3600, description="How often the status page's "
                                    "charts take a point (the last hour is kept).")
     stall_timeout_s: float = Field(default=600.0, gt=0, description="A stream with work waiting and no batch "

@@ -18,10 +18,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from lakefeed import clock
+from lakefeed import clock, log
 from lakefeed.pipeline.commit import BatchResult
 
 HISTORY_S = 3600.0
+_log = log.get(__name__)
 
 
 @dataclass
@@ -69,6 +70,10 @@ class Metrics:
         self.batches = Counter("lakefeed_batches", "Micro-batches committed", ["entity", "stream"], registry=r)
         self.duration = Histogram("lakefeed_batch_duration_seconds", "Micro-batch duration", ["entity", "stream"],
                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.stage = Histogram("lakefeed_batch_stage_seconds", "Time in each stage of a micro-batch: collect (its "
+                               "records from Spark), discover, tasks (read, decode, write), commit, manifests",
+                               ["entity", "stream", "stage"],
+                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
         self.quarantined = Counter("lakefeed_quarantined_rows", "Rows sent to quarantine", ["entity"], registry=r)
         self.errors = Counter("lakefeed_errors", "Errors by kind", ["entity", "kind"], registry=r)
         self.backlog = Gauge("lakefeed_backlog", "Files, frames or messages waiting in a source",
@@ -101,10 +106,15 @@ class Metrics:
             self.entities.pop(entity, None)
 
     def batch_done(self, entity: str, stream: str, result: BatchResult, seconds: float) -> None:
+        if result.files or result.rows or result.partitions:
+            _log.info("batch.timed", entity=entity, stream=stream, batch_id=result.batch_id, seconds=round(seconds, 3),
+                      stages=result.stages)
         s = self.stats(entity)
         self.duration.labels(entity, stream).observe(seconds)
         if result.skipped:
             return
+        for stage, spent in result.stages.items():
+            self.stage.labels(entity, stream, stage).observe(spent)
         self.batches.labels(entity, stream).inc()
         self.files.labels(entity).inc(result.files)
         self.rows.labels(entity).inc(result.rows)

@@ -1,9 +1,9 @@
 """An entity at run time: its pipeline, its sources and one streaming query per source.
 
-Each query's foreachBatch hands the batch to the entity's pipeline (which lets one commit run
-at a time), records what it did in the daemon's metrics, and for push sources has the spool
-segments that earlier, committed batches consumed released by their writer: the intake
-process (daemon/intake/process.py), or during a backfill, which has no intake, the runner itself.
+Each query's foreachBatch hands the batch to the entity's pipeline (which lets one commit run at a time), records
+what it did in the daemon's metrics, and for push sources has the spool segments that earlier, committed batches
+consumed released by their writer: the intake process (daemon/intake/process.py), or during a backfill, which has no
+intake, the runner itself.
 """
 
 from __future__ import annotations
@@ -55,9 +55,7 @@ def _started(status: dict) -> bool:
 def _offsets(raw: object) -> dict[tuple[str, str], int]:
     """A Kafka source's offsets from a progress report (a JSON string or dict)."""
     doc = json.loads(raw) if isinstance(raw, str) else raw
-    if not isinstance(doc, dict):
-        return {}
-    return {(t, p): int(n) for t, parts in doc.items() for p, n in parts.items()}
+    return {(t, p): int(n) for t, parts in doc.items() for p, n in parts.items()} if isinstance(doc, dict) else {}
 
 
 def _cause(detail: str) -> str:
@@ -120,17 +118,18 @@ class EntityRunner:
         self.error: str | None = None
         self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
 
-    def start(self, reconcile_first: bool = False) -> None:
-        """Start the sources and queries; `reconcile_first` lists the landing folder before (backfill)."""
+    def start(self, reconcile_first: bool = False, wait: bool = True) -> None:
+        """Start the sources and queries; `reconcile_first` lists the landing folder before (backfill); `wait`: for
+        the queries' first triggers (`wait_started`)."""
         self.pipeline.prepare()
         if self.source is not None:
             if reconcile_first:
                 self.source.reconcile()
             self.source.start()
-        self.start_streams(self.cfg.streams())
+        self.start_streams(self.cfg.streams(), wait)
         _log.info("entity.started", entity=self.cfg.name, streams=list(self.queries))
 
-    def start_streams(self, streams: list[str]) -> None:
+    def start_streams(self, streams: list[str], wait: bool = True) -> None:
         for stream in streams:
             if (push := self.cfg.push_source(stream)) is not None:
                 self.spools[stream] = SpoolEnd(self.cfg.spool(stream))
@@ -139,13 +138,17 @@ class EntityRunner:
             if self.cfg.kafka_source(stream) is None:  # a Kafka stream's lag comes from Spark's progress
                 self.consumed.setdefault(stream, committed_offset(self.cfg.stream_checkpoint(stream)) or 0)
             self.queries[stream] = self._start_query(stream)
-        # Started means each query has run its first trigger (a new query's first batch is an empty one), so the
-        # first file landing is not kept waiting behind start-up work; or it is processing data: a backlog left by
-        # the last life, behind which it may never be seen waiting (and pushes must not wait for it to drain).
+        if wait:
+            self.wait_started(streams)
+
+    def wait_started(self, streams: list[str]) -> None:
+        """Wait (2 minutes at most) until each of these queries has run its first trigger (a new query's first batch
+        is an empty one), so the first file landing is not kept waiting behind start-up work; or is processing data:
+        a backlog left by the last life, behind which it may never be seen waiting (pushes must not wait for it)."""
         deadline = time.monotonic() + 120
         for stream in streams:
-            query = self.queries[stream]
-            while query.isActive and not _started(query.status) and time.monotonic() < deadline:
+            query = self.queries.get(stream)
+            while query is not None and query.isActive and not _started(query.status) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
@@ -206,11 +209,13 @@ class EntityRunner:
                 .start())
 
     def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         records = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
         self._run(FILES, batch_id, lambda: self.pipeline.process(records, batch_id),
-                  records[-1].offset + 1 if records else None)
+                  records[-1].offset + 1 if records else None, started)
 
     def _push_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         entries = sorted((Entry(*row) for row in frame.collect()), key=lambda e: e.offset)
         if entries:
             # Batches before this one are in Spark's commit log: their frames are no longer needed.
@@ -219,7 +224,7 @@ class EntityRunner:
             elif stream in self._writers:
                 self._writers[stream].release(entries[0].offset)
         self._run(stream, batch_id, lambda: self.pipeline.process_frames(stream, entries, batch_id),
-                  entries[-1].offset + 1 if entries else None)
+                  entries[-1].offset + 1 if entries else None, started)
 
     def _kafka_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
         source = self.cfg.kafka_source(stream)
@@ -227,8 +232,11 @@ class EntityRunner:
         parts = FrameParts(frame.select(*decoded_columns(source)))  # decoded where Spark reads them
         self._run(stream, batch_id, lambda: self.pipeline.process_messages(stream, parts, batch_id), None)
 
-    def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None) -> None:
-        started = time.monotonic()
+    def _run(self, stream: str, batch_id: int, work: Callable[[], BatchResult], end: int | None,
+             started: float | None = None) -> None:
+        """`started`: when the batch's handler began (collecting the batch's records from Spark came first)."""
+        began = time.monotonic()
+        started = started or began
         try:
             result = self._until_stored(stream, batch_id, work)
         except Abandoned:
@@ -251,6 +259,8 @@ class EntityRunner:
             raise
         if end is not None:
             self.consumed[stream] = end
+        if began > started:
+            result.stages["collect"] = round(began - started, 4)
         self.metrics.batch_done(self.cfg.name, stream, result, time.monotonic() - started)
         self.progress_at = time.monotonic()
 

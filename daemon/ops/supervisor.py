@@ -4,14 +4,13 @@ The daemon's port is served by the intake process (daemon/intake/process.py: pus
 spools); the rest of what the port offers (health, metrics, status, webhooks) is served here on
 a unix socket the intake passes those requests to.
 
-Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and
-SIGINT stop: intake first (pushes get 503, sources stop), then each running micro-batch
-finishes and commits, then the queries stop; a second signal exits at once. A file batch still
-running when `shutdown_timeout_s` is up is given up between files; if the stop is still not done
-STOP_GRACE_S later (a batch stuck where it cannot be given up), the daemon exits (as on a second signal). SIGHUP, or the
-config file changing on disk, reloads: the new config is validated whole, and only entities
-whose config changed are restarted (their checkpoints and spools intact); the others keep
-running untouched. Whatever a stop interrupts is replayed exactly once at the next start.
+Signal handlers only set flags; the main loop does the work (uvicorn's pattern). SIGTERM and SIGINT stop: intake
+first (pushes get 503, sources stop), then each running micro-batch finishes and commits, then the queries stop; a
+second signal exits at once. A file batch still running when `shutdown_timeout_s` is up is given up between files;
+if the stop is still not done `stop_grace_s` later (a batch stuck where it cannot be given up), the daemon exits (as
+on a second signal). SIGHUP, or the config file changing on disk, reloads: the new config is validated whole, and
+only entities whose config changed are restarted (their checkpoints and spools intact); the others keep running
+untouched. Whatever a stop interrupts is replayed exactly once at the next start.
 
 systemd (sd_notify): READY=1 once every query runs, STATUS= a one-line summary,
 RELOADING=1 + MONOTONIC_USEC= then READY=1 around a reload, STOPPING=1, and WATCHDOG=1 only
@@ -53,7 +52,6 @@ from lakefeed.ops.runner import EntityRunner
 _log = log.get(__name__)
 _AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
-STOP_GRACE_S = 20.0  # after shutdown_timeout_s, to stop the queries and Spark (TimeoutStopSec in the unit is above)
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
 
@@ -126,8 +124,10 @@ class Supervisor:
                 if self.config_path and not self.drain else None
             self._watcher = watcher
             try:
-                for entity in self.cfg.entities:
-                    self._start(entity)
+                for entity in self.cfg.entities:  # their queries' first triggers run side by side
+                    self._start(entity, wait=False)
+                for runner in self.runners.values():
+                    runner.wait_started(list(runner.queries))
                 self._serve(watcher)
             finally:
                 if self.intake is not None:
@@ -148,7 +148,7 @@ class Supervisor:
     def _backstop(self) -> None:
         """Exit when the stop is not done in time: under systemd, TimeoutStopSec would SIGKILL the daemon (and
         say less). Whatever a stop interrupts is replayed at the next start, as after a SIGKILL."""
-        after_s = self.cfg.shutdown_timeout_s + STOP_GRACE_S
+        after_s = self.cfg.shutdown_timeout_s + self.cfg.stop_grace_s
 
         def force() -> None:
             running = sorted(n for n, r in self.runners.items() if r.queries)
@@ -217,7 +217,7 @@ class Supervisor:
             line += f"; restart needed for {', '.join(self.needs_restart)}"
         return line
 
-    def _start(self, entity: EntityConfig) -> None:
+    def _start(self, entity: EntityConfig, wait: bool = True) -> None:
         assert self._session is not None
         runner = EntityRunner(self._session, entity, self.cfg.spark.trigger_interval_s, self._excluded,
                               self.metrics, self.intake)
@@ -226,7 +226,7 @@ class Supervisor:
             for hook in (n for n in runner.source.source.notifications if isinstance(n, WebhookNotifications)):
                 self.webhooks.attach(runner.source, hook, entity.storage)
         try:
-            runner.start(reconcile_first=self.drain)
+            runner.start(reconcile_first=self.drain, wait=wait)
         except LakefeedError as exc:
             runner.stopped_by(exc)
             runner.stop_intake()

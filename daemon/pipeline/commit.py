@@ -10,7 +10,10 @@ commit changed (its change data feed), so a replay finds the same changes again.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,6 +57,15 @@ class BatchResult:
     partitions: list[dict[str, Any]] = field(default_factory=list)
     source_state: dict[str, str] | None = None  # where the batch ends in its source (the ODF chain records it)
     workers: list[str] = field(default_factory=list)  # host:pid of the tasks that read its rows
+    stages: dict[str, float] = field(default_factory=dict)  # seconds spent in each stage of the batch
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[stage] = round(self.stages.get(stage, 0.0) + time.perf_counter() - started, 4)
 
 
 class ChangelogOffsets:

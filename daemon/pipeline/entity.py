@@ -157,17 +157,20 @@ class EntityPipeline:
         staging = committer.staging.url(batch_id)
         jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging)
                 for i in range(0, len(entries), size)]
-        staged, whole = self._read(committer, tasks.stage_frames, jobs, batch_id, stream)
+        with result.timed("tasks"):
+            staged, whole = self._read(committer, tasks.stage_frames, jobs, batch_id, stream)
         result.files += len(entries)
         result.source_state = positions.of_frames(stream, entries[-1].offset)
         self._go_on()
-        if not self.cfg.cdc.keyed:
-            park_staged(committer, self.spread, staged, result, checked_at, log_, whole)
-        else:
-            snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
-                if self.cfg.cdc.strategy == "snapshot" else None
-            self._commit_keyed(committer, staged, result, checked_at, log_, snapshot)
-        self._manifests()
+        with result.timed("commit"):
+            if not self.cfg.cdc.keyed:
+                park_staged(committer, self.spread, staged, result, checked_at, log_, whole)
+            else:
+                snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
+                    if self.cfg.cdc.strategy == "snapshot" else None
+                self._commit_keyed(committer, staged, result, checked_at, log_, snapshot)
+        with result.timed("manifests"):
+            self._manifests()
         return result
 
     def process_messages(self, stream: str, parts: tasks.Parts, batch_id: int) -> BatchResult:
@@ -192,8 +195,9 @@ class EntityPipeline:
         job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id))
         # Tasks decode the messages where Spark read them; without a table yet, the first types found are the ones
         # the others must fit, so that batch is one part.
-        outs = parts.map(partial(tasks.stage_messages, job), target is None,
-                         f"lakefeed {self.cfg.name} {stream} batch {batch_id}: decode")
+        with result.timed("tasks"):
+            outs = parts.map(partial(tasks.stage_messages, job), target is None,
+                             f"lakefeed {self.cfg.name} {stream} batch {batch_id}: decode")
         result.files = sum(o.messages for o in outs)
         if not result.files:
             return result
@@ -202,12 +206,14 @@ class EntityPipeline:
         result.source_state = positions.of_messages(stream, [o.ends for o in outs])
         staged = [o.staged for o in outs]
         self._go_on()
-        if not self.cfg.cdc.keyed:
-            park_staged(committer, self.spread, staged, result, checked_at, log_)
-        else:  # the batch's messages are one source, ordered by (topic, partition, offset)
-            kind = cdc.file_kind(self.cfg.cdc, None)
-            self._commit_keyed(committer, staged, result, checked_at, log_, None, kind=kind)
-        self._manifests()
+        with result.timed("commit"):
+            if not self.cfg.cdc.keyed:
+                park_staged(committer, self.spread, staged, result, checked_at, log_)
+            else:  # the batch's messages are one source, ordered by (topic, partition, offset)
+                kind = cdc.file_kind(self.cfg.cdc, None)
+                self._commit_keyed(committer, staged, result, checked_at, log_, None, kind=kind)
+        with result.timed("manifests"):
+            self._manifests()
         return result
 
     def _process_files(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
@@ -223,6 +229,45 @@ class EntityPipeline:
             return result
         checked_at = clock.now()
         result.source_state = positions.of_files(FILES, [rec.offset for rec in records])
+        with result.timed("discover"):
+            target, matched, removed, also = self._discover_all(records, result, log_)
+        # Tasks read the files (daemon/pipeline/tasks.py); an append batch's late rows are set apart there.
+        watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
+        with result.timed("tasks"):
+            staged, whole = self._stage(committer, matched, target, checked_at, watermark, batch_id)
+        staged_of = {s.offset: s for s in staged if s.found}
+        partition_of = {rec.offset: partition for rec, partition in matched}
+        for rec in records:  # in inbox order: a removal and a new version of one object stay in order
+            if rec.offset in removed:
+                stamp = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+                result.partitions.append(partition_record(removed[rec.offset], stamp, removed=True))
+            elif rec.offset in staged_of:
+                result.files += 1
+                mtime = clock.to_cdm(clock.from_ns(rec.mtime_ns))
+                result.partitions.append(partition_record(partition_of[rec.offset], mtime))
+                if rec.offset in also:
+                    result.partitions.append(partition_record(also[rec.offset], mtime, also=True))
+        found = [s for s in staged if s.found]
+        failpoints.reached("batch.discovered")
+        self._go_on()
+        with result.timed("commit"):
+            if not self.cfg.cdc.keyed:  # the tasks write the tables' files too; this process commits them
+                park_staged(committer, self.spread, found, result, checked_at, log_, whole)
+            else:
+                snapshot, retracted = None, []
+                if self.cfg.cdc.strategy == "snapshot":
+                    read = {s.offset: partition_of[s.offset] for s in found}
+                    recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
+                    snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
+                self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted)
+        with result.timed("manifests"):
+            self._manifests(records[-1].offset + 1)
+        return result
+
+    def _discover_all(self, records: list[InboxRecord], result: BatchResult, log_: Any) -> tuple[
+            pa.Schema | None, list[tuple[InboxRecord, Partition]], dict[int, Partition], dict[int, Partition]]:
+        """The table's schema, and each file's partition: the files to read, the removed ones (by inbox offset),
+        and the partitions of the other list a file is also in (by inbox offset)."""
         self.keeper.restore()  # before discovery reads it: a deleted manifest comes back whole
         doc = self.keeper.document()
         entity = cdm_manifest.local_entity(doc, self.cfg.name, self.cfg.manifest) or {}
@@ -242,35 +287,7 @@ class EntityPipeline:
                 matched.append((rec, partition))
                 if (other := discovery.also(self._relative(rec.path), partition)) is not None:
                     also[rec.offset] = other  # listed in both lists, as the CDM SDK would (ingested once)
-        # Tasks read the files (daemon/pipeline/tasks.py); an append batch's late rows are set apart there.
-        watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
-        staged, whole = self._stage(committer, matched, target, checked_at, watermark, batch_id)
-        staged_of = {s.offset: s for s in staged if s.found}
-        partition_of = {rec.offset: partition for rec, partition in matched}
-        for rec in records:  # in inbox order: a removal and a new version of one object stay in order
-            if rec.offset in removed:
-                stamp = clock.to_cdm(clock.from_ns(rec.mtime_ns))
-                result.partitions.append(partition_record(removed[rec.offset], stamp, removed=True))
-            elif rec.offset in staged_of:
-                result.files += 1
-                mtime = clock.to_cdm(clock.from_ns(rec.mtime_ns))
-                result.partitions.append(partition_record(partition_of[rec.offset], mtime))
-                if rec.offset in also:
-                    result.partitions.append(partition_record(also[rec.offset], mtime, also=True))
-        found = [s for s in staged if s.found]
-        failpoints.reached("batch.discovered")
-        self._go_on()
-        if not self.cfg.cdc.keyed:  # the tasks write the tables' files too; this process commits them
-            park_staged(committer, self.spread, found, result, checked_at, log_, whole)
-        else:
-            snapshot, retracted = None, []
-            if self.cfg.cdc.strategy == "snapshot":
-                read = {s.offset: partition_of[s.offset] for s in found}
-                recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
-                snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
-            self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted)
-        self._manifests(records[-1].offset + 1)
-        return result
+        return target, matched, removed, also
 
     def _commit_keyed(self, committer: Committer, staged: list[tasks.Staged], result: BatchResult,
                       checked_at: datetime, log_, snapshot: cdc.Snapshot | None, retracted: Sequence[str] = (),
