@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config/lakefeed.yaml
 # Spark's jars from Maven Central, resolved once into the venv (daemon/ops/jars.py); no start resolves them again.
-JARS := $(VENV)/spark-jars/.fetched
+JARS := $(VENV)/spark-jars/.ready
 
 .PHONY: run test test-requirements setup lint bench
 

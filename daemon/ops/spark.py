@@ -23,7 +23,7 @@ from lakefeed.connectors.sources.kafka_source import KafkaDataSource
 from lakefeed.connectors.streams.inbox_stream import InboxDataSource
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
-from lakefeed.ops import jars
+from lakefeed.ops import class_archive, jars
 
 Job = TypeVar("Job")
 Out = TypeVar("Out")
@@ -44,7 +44,8 @@ DEFAULTS = {
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
-def check_java() -> None:
+def check_java() -> str:
+    """Stop with what to do unless Java 17 or newer is there; its `java -version` text."""
     java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if "JAVA_HOME" in os.environ \
         else shutil.which("java")
     if java is None:
@@ -57,11 +58,12 @@ def check_java() -> None:
         major = int(match.group(2))
     if major < 17:
         raise TerminalError(f"Java 17 or newer is required by Spark; {java} is version {major or 'unknown'}")
+    return out
 
 
 def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     """`packages`: Maven packages (daemon/ops/jars.py) to load from the jar cache, e.g. ("delta",)."""
-    check_java()
+    java_version = check_java()
     # Workers must run this interpreter (the one with pyspark and lakefeed), not the system python3.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -69,7 +71,7 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
     conf = {**DEFAULTS, **(jars.conf(*packages) if packages else {}), **cfg.conf,
-            "spark.driver.extraJavaOptions": java_options(cfg)}
+            "spark.driver.extraJavaOptions": java_options(cfg, java_version)}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -81,12 +83,14 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     return spark
 
 
-def java_options(cfg: SparkConfig) -> str:
-    """The driver JVM's options: lakefeed's (-Xss16m, its log4j configuration at `spark.log_level`), then
-    those of `spark.conf`, which win where they differ (a JVM takes the last of a repeated option)."""
+def java_options(cfg: SparkConfig, java_version: str = "") -> str:
+    """The driver JVM's options: lakefeed's (-Xss16m, its log4j configuration at `spark.log_level`, the class
+    archive made at set-up for this `java_version`: daemon/ops/class_archive.py), then those of `spark.conf`, which
+    win where they differ (a JVM takes the last of a repeated option)."""
+    theirs = cfg.conf.get("spark.driver.extraJavaOptions", "")
     ours = [DEFAULTS["spark.driver.extraJavaOptions"], f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
-            f"-Dlakefeed.spark.logLevel={cfg.log_level}"]
-    return " ".join([*ours, cfg.conf.get("spark.driver.extraJavaOptions", "")]).strip()
+            f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
+    return " ".join(option for option in [*ours, theirs] if option).strip()
 
 
 def warm_up(spark: SparkSession) -> None:
