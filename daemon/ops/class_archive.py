@@ -59,7 +59,7 @@ def make(java_version: str) -> Path | None:
     part.unlink(missing_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as work:
-        run = subprocess.run([sys.executable, "-m", "lakefeed.ops.class_archive", str(part), work],
+        run = subprocess.run([sys.executable, "-m", "lakefeed.ops.class_recording", str(part), work],
                              capture_output=True, text=True, timeout=600, check=False)
     if run.returncode != 0 or not part.is_file() or part.stat().st_size == 0:
         part.unlink(missing_ok=True)
@@ -72,32 +72,3 @@ def make(java_version: str) -> Path | None:
     _log.info("spark.class_archive_made", archive=str(target), mib=round(target.stat().st_size / 2**20),
               seconds=round(time.monotonic() - started, 1))
     return target
-
-
-def _record(target: Path, work: Path) -> None:
-    """In a child process: a driver doing what the daemon does at start, its JVM writing the archive as it exits."""
-    from pyspark import SparkContext
-
-    from lakefeed.config.model import SparkConfig
-    from lakefeed.connectors.streams.inbox_stream import FORMAT as INBOX
-    from lakefeed.ops import spark
-
-    recording = f"-XX:ArchiveClassesAtExit={shlex.quote(str(target))}"
-    session = spark.session(SparkConfig(conf={"spark.driver.extraJavaOptions": recording}))
-    spark.warm_up(session)
-    (work / "inbox").mkdir()
-    query = (session.readStream.format(INBOX).option("path", str(work / "inbox")).load().writeStream
-             .foreachBatch(lambda frame, _: frame.collect()).option("checkpointLocation", str(work / "checkpoint"))
-             .trigger(processingTime="100 milliseconds").start())
-    deadline = time.monotonic() + 120
-    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    query.stop()
-    jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
-    session.stop()
-    jvm.stdin.close()  # the JVM exits when its pipe from Python closes, and writes the archive then
-    sys.exit(jvm.wait(timeout=300))
-
-
-if __name__ == "__main__":
-    _record(Path(sys.argv[1]), Path(sys.argv[2]))
