@@ -147,8 +147,8 @@ class EntityRunner:
         a backlog left by the last life, behind which it may never be seen waiting (pushes must not wait for it)."""
         deadline = time.monotonic() + 120
         for stream in streams:
-            query = self.queries.get(stream)
-            while query is not None and query.isActive and not _started(query.status) and time.monotonic() < deadline:
+            query = self.queries[stream]
+            while query.isActive and not _started(query.status) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
     def stop_streams(self, streams: list[str], deadline: float) -> None:
