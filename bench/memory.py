@@ -20,7 +20,7 @@ flat over an hour. One JSON object goes to stdout at the end; exit status 0 when
 
     python bench/memory.py [--entities 20] [--seconds 3600] [--period 1.0] [--workdir DIR] [--keep] [--smoke]
 
-`--smoke`: 2 entities for 20 s.
+`--smoke`: 2 entities for 8 s.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from deltalake import DeltaTable
 from ingest_files import LAKEFEED, wait_ready
 
 GOAL_MIB = 1536
-SMOKE = {"entities": 2, "seconds": 20.0, "sample_every": 2.0, "timeout": 300.0}
+SMOKE = {"entities": 2, "seconds": 8.0, "sample_every": 1.0, "timeout": 300.0}
 KINDS = ("driver", "driver_jvm", "python_workers", "intake", "other")
 TOKEN = "bench-memory-token"
 ROWS = 20  # per landed file and per push

@@ -56,7 +56,7 @@ are met), 1 otherwise.
     python bench/s3_notify.py [--rate 10] [--seconds 60] [--rows 10] [--modes notify,listing]
                               [--reconcile-interval 1] [--trigger 1] [--poll 0.2] [--keep] [--workdir DIR] [--smoke]
 
-`--smoke`: both modes, 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
+`--smoke`: notification mode and the Spark peer, 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 GOAL_P50_S, GOAL_P99_S = 1.5, 5.0
 GOAL_VS_SPARK = 0.5  # lakefeed's notify p50 over the Spark peer's
 WARMUP_FILE = -1
-SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "timeout": 300.0}
+SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "modes": "notify,spark", "timeout": 300.0}
 
 os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
 os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "WHEN_REQUIRED")

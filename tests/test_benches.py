@@ -65,8 +65,8 @@ def check_cdc_merge(r: dict[str, Any]) -> None:
 def check_chaos(r: dict[str, Any]) -> None:
     completed(r)
     assert r["passed"] is True and r["problems"] == [], r["problems"]
-    assert r["kills"] == r["kills_requested"] == 3 and r["broker_kills"] == 1
-    assert r["kills_aimed"] == {"after ready": 1, "after the first commit": 1, "during start-up": 1}
+    assert r["kills"] == r["kills_requested"] == 2 and r["broker_kills"] == 1
+    assert r["kills_aimed"] == {"during start-up": 1, "after the first commit": 1}
     assert r["verify_ok"] is True and r["daemon_exit_code"] == 0
     records = r["records"]
     positive(records, "acknowledged_push", "landed_files", "produced_kafka", "expected", "found")
@@ -188,20 +188,18 @@ def check_s3_listing(r: dict[str, Any]) -> None:
 
 
 def check_s3_notify(r: dict[str, Any]) -> None:
+    """The smoke runs notification mode and the Spark peer; the listing mode is the same daemon with another source
+    config (its listings are tested in test_s3_daemon.py, and measured by s3_listing's smoke)."""
     completed(r)
-    positive(r, "listing_over_notify.p50", "listing_over_notify.p99", "notify_over_spark.p50")
-    assert set(r["modes"]) == {"notify", "listing", "spark"}
+    positive(r, "notify_over_spark.p50")
+    assert set(r["modes"]) == {"notify", "spark"}
     for mode in r["modes"].values():
         assert mode["exactly_once"] is True
         assert mode["latency_s"]["count"] == mode["files"] == 10
         positive(mode, "latency_s.p50", "latency_s.p99")
-    for name in ("notify", "listing"):
-        positive(r["modes"][name], "latency_seen_s.p50")
-        assert r["modes"][name]["daemon"]["exit_code"] == 0
-    assert r["modes"]["spark"]["exit_code"] == 0
-    assert r["modes"]["notify"]["daemon"]["sqs_receives"] > 0  # each mode found the files its own way
-    assert r["modes"]["listing"]["daemon"]["found_by_listings"] > 0
-    assert r["modes"]["listing"]["daemon"]["sqs_receives"] == 0
+    positive(r["modes"]["notify"], "latency_seen_s.p50")
+    assert r["modes"]["notify"]["daemon"]["exit_code"] == 0 and r["modes"]["spark"]["exit_code"] == 0
+    assert r["modes"]["notify"]["daemon"]["sqs_receives"] > 0  # notified, not listed
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {

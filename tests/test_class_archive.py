@@ -51,6 +51,8 @@ def test_the_archive_is_left_out_where_it_would_not_fit(tmp_path):
                  {"spark.driver.extraJavaOptions": "-XX:SharedArchiveFile=/elsewhere.jsa"},
                  {"spark.driver.extraClassPath": "/opt/first.jar"}):
         assert class_archive.option(java, conf) is None
+    assert class_archive.option(java, {"spark.driver.extraClassPath": "/opt/first.jar"}, "executor") is not None
+    assert class_archive.option(java, {"spark.executor.extraJavaOptions": "-Xshare:off"}, "executor") is None
     assert all(source.startswith("jar:") or source.startswith("file:")
                for source in _loaded(tmp_path, {"spark.driver.extraJavaOptions": "-Xshare:off"}).values())
 
@@ -63,3 +65,25 @@ def test_a_broken_archive_only_slows_the_start(tmp_path, monkeypatch):
     broken.write_bytes(b"not an archive" * 1000)
     loaded = _loaded(tmp_path)
     assert loaded and not any("shared objects file" in source for source in loaded.values())
+
+
+EXECUTORS = """
+import sys
+from lakefeed.config.model import SparkConfig
+from lakefeed.ops import spark
+options = f"-Xlog:class+load=info:file={sys.argv[1]}/executor-%p.log"
+session = spark.session(SparkConfig(master="local-cluster[1,1,1024]", conf={"spark.executor.extraJavaOptions": options}))
+print(session.sparkContext.parallelize(range(3), 1).count())
+session.stop()
+"""
+
+
+def test_local_cluster_executors_map_it_too(tmp_path):
+    """A local-cluster's executors run here, with this JVM and pyspark's jars: their classes come from the archive."""
+    run = subprocess.run([sys.executable, "-c", EXECUTORS, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert run.returncode == 0 and run.stdout.split() == ["3"], run.stderr[-3000:]
+    logs = list(tmp_path.glob("executor-*.log"))
+    assert len(logs) == 1, logs
+    env = [line for line in logs[0].read_text().splitlines() if " org.apache.spark.SparkEnv " in line]
+    assert env and env[0].endswith("source: shared objects file (top)"), env

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,6 +71,8 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
     conf = {**DEFAULTS, **(jars.conf(*packages) if packages else {}), **cfg.conf,
             "spark.driver.extraJavaOptions": java_options(cfg, java_version)}
+    if cfg.master.startswith("local-cluster") and (shared := class_archive.option(java_version, cfg.conf, "executor")):
+        conf["spark.executor.extraJavaOptions"] = f"{shared} {cfg.conf.get('spark.executor.extraJavaOptions', '')}"
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -94,34 +95,43 @@ def java_options(cfg: SparkConfig, java_version: str = "") -> str:
 
 
 def warm_up(spark: SparkSession) -> None:
-    """Start the Python workers and the JVM's code paths now, not in the first file's batch."""
-    spark.range(1).mapInArrow(lambda batches: batches, "id long").collect()
+    """Start the Python workers and the JVM's code paths now, not in the first batch: one task per core side by side,
+    so that every worker a first batch reuses has imported the tasks' code (about a second per worker)."""
+    spread = SparkSpread(spark)
+    spread.map(_import_tasks, list(range(spread.width)), "lakefeed: warm-up")
+
+
+def _import_tasks(item: int) -> int:
+    from lakefeed.pipeline import tasks  # noqa: F401, PLC0415 - in the Python worker, not in the driver
+
+    return item
 
 
 class SparkSpread:
     """A batch's tasks as a Spark job (one task per job item): on the executors of whatever `spark.master` is.
     A task's own exception comes back as the exception it is (so the commit protocol can tell a store fault
-    from a data fault); a task whose process dies is retried by Spark."""
+    from a data fault); a task whose process dies is retried by Spark. The job is a mapInArrow over one row per
+    item, as FrameParts' are: both kinds of batch share one pool of Python workers (an RDD job would start a
+    pool of its own, each worker importing the tasks' code again)."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._context = spark.sparkContext
+        self._spark = spark
 
     @property
     def width(self) -> int:
-        return max(1, self._context.defaultParallelism)
+        return max(1, self._spark.sparkContext.defaultParallelism)
 
     def map(self, work: Callable[[Job], Out], jobs: list[Job], description: str) -> list[Out]:
         if not jobs:
             return []
-        self._context.setJobDescription(description)
-        try:
-            outcomes = self._context.parallelize(jobs, len(jobs)).map(partial(_captured, work)).collect()
-        finally:
-            self._context.setJobDescription(None)  # type: ignore[arg-type]
-        for failed, value in outcomes:
-            if failed:
-                raise value
-        return [value for _, value in outcomes]
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    outcome = pickle.dumps(_captured(work, jobs[index]))
+                    yield pa.RecordBatch.from_pydict({"part": [index], "outcome": [outcome]}, schema=_OUTCOMES)
+
+        return _outcomes(self._spark.range(len(jobs), numPartitions=len(jobs)), run, description)
 
 
 class FrameParts:
@@ -132,8 +142,6 @@ class FrameParts:
         self._frame = frame
 
     def map(self, work: Callable[[pa.Table, int], Out], whole: bool, description: str) -> list[Out]:
-        frame = self._frame.coalesce(1) if whole else self._frame
-
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             chunks = list(batches)  # a partition without rows may have no batch at all
             rows = pa.Table.from_batches(chunks) if chunks else None
@@ -142,17 +150,23 @@ class FrameParts:
                 outcome = pickle.dumps(_captured(lambda r: work(r, part), rows))
                 yield pa.RecordBatch.from_pydict({"part": [part], "outcome": [outcome]}, schema=_OUTCOMES)
 
-        frame.sparkSession.sparkContext.setJobDescription(description)
-        try:
-            collected = frame.mapInArrow(run, "part int, outcome binary").collect()
-        finally:
-            frame.sparkSession.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
-        # Pickled by this daemon's own tasks, as Spark's own results are.
-        outcomes = [pickle.loads(row.outcome) for row in sorted(collected, key=lambda row: row.part)]  # noqa: S301
-        for failed, value in outcomes:
-            if failed:
-                raise value
-        return [value for _, value in outcomes]
+        return _outcomes(self._frame.coalesce(1) if whole else self._frame, run, description)
+
+
+def _outcomes(frame: DataFrame, run: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+              description: str) -> list[Any]:
+    """What `run`'s tasks returned, in part order; the first task's exception is raised."""
+    frame.sparkSession.sparkContext.setJobDescription(description)
+    try:
+        collected = frame.mapInArrow(run, "part int, outcome binary").collect()
+    finally:
+        frame.sparkSession.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+    # Pickled by this daemon's own tasks, as Spark's own results are.
+    outcomes = [pickle.loads(row.outcome) for row in sorted(collected, key=lambda row: row.part)]  # noqa: S301
+    for failed, value in outcomes:
+        if failed:
+            raise value
+    return [value for _, value in outcomes]
 
 
 _OUTCOMES = pa.schema([("part", pa.int32()), ("outcome", pa.binary())])
