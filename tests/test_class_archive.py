@@ -72,7 +72,8 @@ import sys
 from lakefeed.config.model import SparkConfig
 from lakefeed.ops import spark
 options = f"-Xlog:class+load=info:file={sys.argv[1]}/executor-%p.log"
-session = spark.session(SparkConfig(master="local-cluster[1,1,1024]", conf={"spark.executor.extraJavaOptions": options}))
+conf = {"spark.executor.extraJavaOptions": options}
+session = spark.session(SparkConfig(master="local-cluster[1,1,1024]", conf=conf))
 print(session.sparkContext.parallelize(range(3), 1).count())
 session.stop()
 """
