@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config/lakefeed.yaml
 # Spark's jars from Maven Central, resolved once into the venv (daemon/ops/jars.py); no start resolves them again.
-JARS := $(VENV)/spark-jars/.ready
+# With them, a SPARK_HOME of compiled Python (daemon/ops/spark_home.py) and the driver's class archive.
+JARS := $(VENV)/spark-jars/.ready-home
 
 .PHONY: run test test-requirements setup lint bench
 

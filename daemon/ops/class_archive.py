@@ -18,6 +18,7 @@ new one. Making it is best effort: where it cannot be made, nothing else changes
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import subprocess
 import sys
@@ -37,7 +38,9 @@ _OWN_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare:off")  # in 
 
 def path(java_version: str) -> Path:
     """Where the archive for this JVM build (its `java -version` text) and this pyspark is."""
-    key = hashlib.sha256("\n".join([java_version, pyspark.__version__, *sorted(jars.own_jars())]).encode())
+    # The class path is SPARK_HOME's jars: the compiled home's (daemon/ops/spark_home.py) or pip's.
+    home = os.environ.get("SPARK_HOME", "")
+    key = hashlib.sha256("\n".join([java_version, pyspark.__version__, home, *sorted(jars.own_jars())]).encode())
     return jars.cache_dir() / "cds" / f"spark-driver-{key.hexdigest()[:16]}.jsa"
 
 

@@ -112,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
         return 0
     if args.command == "jars":
-        from lakefeed.ops import class_archive, jars, spark
+        from lakefeed.ops import class_archive, jars, spark, spark_home
 
         log.configure("INFO")
         jars.fetch()
+        spark_home.make()
+        spark_home.use()  # the archive is of the class path that home gives
         class_archive.make(spark.check_java())  # best effort: without it, Spark only starts slower
         return 0
     if args.command == "manifest" and args.manifest_command == "check":

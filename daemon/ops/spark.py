@@ -22,7 +22,7 @@ from lakefeed.connectors.sources.kafka_source import KafkaDataSource
 from lakefeed.connectors.streams.inbox_stream import InboxDataSource
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
-from lakefeed.ops import class_archive, jars
+from lakefeed.ops import class_archive, jars, spark_home
 
 Job = TypeVar("Job")
 Out = TypeVar("Out")
@@ -63,6 +63,7 @@ def check_java() -> str:
 def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     """`packages`: Maven packages (daemon/ops/jars.py) to load from the jar cache, e.g. ("delta",)."""
     java_version = check_java()
+    spark_home.use()
     # Workers must run this interpreter (the one with pyspark and lakefeed), not the system python3.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
