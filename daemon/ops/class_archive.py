@@ -18,7 +18,6 @@ new one. Making it is best effort: where it cannot be made, nothing else changes
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import pyspark
 
 from lakefeed import log
-from lakefeed.ops import jars
+from lakefeed.ops import jars, spark_home
 
 _log = log.get(__name__)
 _OWN_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare:off")  # in spark.conf: the user's choice wins
@@ -38,9 +37,9 @@ _OWN_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare:off")  # in 
 
 def path(java_version: str) -> Path:
     """Where the archive for this JVM build (its `java -version` text) and this pyspark is."""
-    # The class path is SPARK_HOME's jars: the compiled home's (daemon/ops/spark_home.py) or pip's.
-    home = os.environ.get("SPARK_HOME", "")
-    key = hashlib.sha256("\n".join([java_version, pyspark.__version__, home, *sorted(jars.own_jars())]).encode())
+    # The class path is SPARK_HOME's jars: the compiled home's (daemon/ops/spark_home.py) or another.
+    key = hashlib.sha256("\n".join([java_version, pyspark.__version__, spark_home.effective(),
+                                    *sorted(jars.own_jars())]).encode())
     return jars.cache_dir() / "cds" / f"spark-driver-{key.hexdigest()[:16]}.jsa"
 
 

@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
         log.configure("INFO")
         jars.fetch()
-        spark_home.make()
-        spark_home.use()  # the archive is of the class path that home gives
+        spark_home.make()  # before the archive: it is of the class path this home gives
         class_archive.make(spark.check_java())  # best effort: without it, Spark only starts slower
         return 0
     if args.command == "manifest" and args.manifest_command == "check":

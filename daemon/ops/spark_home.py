@@ -57,6 +57,11 @@ def use() -> None:
         os.environ["SPARK_HOME"] = str(home)
 
 
+def effective() -> str:
+    """The SPARK_HOME this process's next session runs from (after `use`)."""
+    return os.environ.get("SPARK_HOME") or str(installed() or pip_home())
+
+
 def make() -> Path | None:
     """Make the home unless it is there; None if it could not be made, which only leaves Spark's Python processes
     as slow to start as without it."""
