@@ -6,6 +6,8 @@ CONFIG ?= config/lakefeed.yaml
 # Spark's jars from Maven Central, resolved once into the venv (daemon/ops/jars.py); no start resolves them again.
 # With them, a SPARK_HOME of compiled Python (daemon/ops/spark_home.py) and the driver's class archive.
 JARS := $(VENV)/spark-jars/.ready-home
+# The tests' Apache Kafka broker (tests/kafka_broker.py), resolved at set-up too: the suite reaches only 127.0.0.1.
+TEST_JARS := $(VENV)/spark-jars/.ready-test-broker
 
 .PHONY: run test test-requirements setup lint bench
 
@@ -13,7 +15,7 @@ run: $(VENV)/.installed $(JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: test-requirements $(VENV)/.installed $(JARS)
+test: test-requirements $(VENV)/.installed $(JARS) $(TEST_JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest
@@ -49,6 +51,10 @@ $(VENV)/.installed: pyproject.toml
 
 $(JARS): $(VENV)/.installed
 	$(BIN)/lakefeed jars fetch
+	touch $@
+
+$(TEST_JARS): $(VENV)/.installed
+	$(BIN)/python -m tests.kafka_broker
 	touch $@
 
 bench: $(VENV)/.installed

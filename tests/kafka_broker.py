@@ -8,8 +8,9 @@ partition's last record batch's base offset + 1; no incremental fetch sessions),
 run on both.
 
 Apache Kafka is one KRaft node (broker and controller) on 127.0.0.1. Its jars are Maven Central's
-`org.apache.kafka:kafka_2.13`, resolved once into lakefeed's jar cache (daemon/ops/jars.py) on first use and
-run with the JVM Spark uses.
+`org.apache.kafka:kafka_2.13`, resolved into lakefeed's jar cache (daemon/ops/jars.py) at the test set-up
+(`make test` runs `python -m tests.kafka_broker`: the suite itself reaches nothing but 127.0.0.1) and run with
+the JVM Spark uses.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class ApacheKafka(Broker):
 
     def start(self, timeout: float = 60.0) -> None:
         java = shutil.which("java") or "java"
-        classpath = ":".join(str(jar) for jar in self._classpath())
+        classpath = ":".join(str(jar) for jar in self.classpath())
         properties = self.folder / "server.properties"
         properties.write_text(KRAFT_PROPERTIES.format(bootstrap=self.bootstrap, controller=free_port(),
                                                       logs=self.folder / "data"))
@@ -174,7 +175,8 @@ class ApacheKafka(Broker):
         self._wait_ready(timeout)
 
     @staticmethod
-    def _classpath() -> list[Path]:
+    def classpath() -> list[Path]:
+        """The broker's jars, from the jar cache (resolved into it first if not there yet)."""
         own = jars.own_jars()
         with contextlib.redirect_stdout(sys.stderr):  # a bench's stdout is its JSON report alone
             broker = jars.resolve("kafka-broker", APACHE_KAFKA)
@@ -187,3 +189,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     broker.start()
     yield broker
     broker.stop()
+
+
+if __name__ == "__main__":  # `make test`'s set-up: Apache Kafka's jars into the jar cache, before the suite runs
+    ApacheKafka.classpath()
