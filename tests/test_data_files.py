@@ -53,7 +53,7 @@ ROWS = st.lists(st.tuples(
     st.one_of(st.none(), st.integers(-2**40, 2**40)),
     st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64)),
     st.one_of(st.none(), st.text(max_size=40)),
-    st.one_of(st.none(), st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(2200, 1, 1),
+    st.one_of(st.none(), st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
                                       timezones=st.just(UTC))),
     st.one_of(st.none(), st.dates(min_value=date(1970, 1, 1), max_value=date(2200, 1, 1))),
 ), min_size=1, max_size=30)

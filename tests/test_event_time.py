@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from lakefeed.config import model as config
@@ -53,6 +54,25 @@ def test_unparseable_event_times_are_quarantined_and_the_rest_commits(tmp_path):
     assert (result.rows, result.quarantined) == (1, 1)
     quarantine = DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist()
     assert "'yesterday' in column 'ts' is not a timestamp" in quarantine[0]["reason"]
+
+
+def test_event_times_a_watermark_cannot_hold_are_quarantined_and_the_rest_commits(tmp_path):
+    """Arrow holds times far outside the years 1-9999 that Python's datetime (the watermark's) holds: a file of
+    only such rows must not fail its batch again and again."""
+    setup = _setup(tmp_path / "a", {"source": "column", "column": "ts"})
+    result = _process(setup, 0, ("a.csv", "id,ts,when\n1,2024-01-01T00:00:00,0000-03-01T00:00:00\n"
+                                          "2,0000-12-31T00:00:00,2024-01-01T00:00:00\n"))
+    assert (result.rows, result.quarantined) == (1, 1)
+    quarantine = DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist()
+    assert "event time 0000-12-31 00:00:00.000000Z in column 'ts' is outside the years 1-9999" \
+        in quarantine[0]["reason"], quarantine
+    changelog = DeltaTable(str(setup[0].changelog)).to_pyarrow_table()
+    assert changelog.column("id").to_pylist() == [1]
+    assert changelog.column("when").cast(pa.int64()).to_pylist() == [-62162035200000000]  # data: kept as it is
+
+    setup = _setup(tmp_path / "b", {"source": "column", "column": "ts"})
+    result = _process(setup, 0, ("b.csv", "id,ts\n3,0000-06-01T00:00:00\n4,99999-01-01T00:00:00\n"))
+    assert (result.rows, result.quarantined) == (0, 2)
 
 
 def test_watermark_moves_forward_with_commits_and_by_command_and_late_rows_are_quarantined(tmp_path, capsys):

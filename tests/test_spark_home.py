@@ -60,6 +60,18 @@ def test_set_up_made_the_home_with_bytecode_beside_every_module():
         assert modules and {m + "c" for m in modules} <= names, zipped
 
 
+def test_a_new_home_replaces_those_of_other_versions(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKEFEED_JARS_DIR", str(tmp_path))
+    stale = tmp_path / "spark-home" / "0123456789abcdef"  # an earlier pyspark's
+    (stale / "python" / "lib").mkdir(parents=True)
+    (stale / "python" / "lib" / "pyspark.zip").write_bytes(b"old")
+    made = spark_home.make()
+    assert made == spark_home.path() and made.parent == tmp_path / "spark-home"
+    assert spark_home.installed() == made
+    assert sorted(p.name for p in made.parent.iterdir()) == [made.name]
+    assert spark_home.make() == made  # made once: the second call finds it
+
+
 def test_spark_python_processes_import_pyspark_compiled_from_it():
     env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
     home, worker, read = _probe(env)

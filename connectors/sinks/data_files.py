@@ -13,7 +13,7 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -41,15 +41,19 @@ class DataFile:
     rows: int
 
 
+Seen = Callable[[DataFile, pa.Table, pa.Buffer], None]  # a written file, its rows, its bytes
+
+
 def prefix(token: str, batch_id: int) -> str:
     """The start of every file name a batch of one query writes: what `sweep` looks for."""
     return f"part-{token}-b{batch_id}-"
 
 
 def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_by: tuple[str, ...] = (),
-          unique_columns: tuple[str, ...] = ()) -> list[DataFile]:
+          unique_columns: tuple[str, ...] = (), seen: Seen | None = None) -> list[DataFile]:
     """`data` as one Parquet file per partition under `root` (Hive-style folders), each named `name`-<n>-<uuid>.
-    `unique_columns` are written without dictionaries (offsets: every value differs)."""
+    `unique_columns` are written without dictionaries (offsets: every value differs). `seen` is given each file with
+    its rows and its bytes (encoded in memory first then, not streamed), for a caller that hashes what it wrote."""
     groups = _partitions(data, partition_by) if partition_by else [({}, data)]
     files = []
     for n, (values, rows) in enumerate(groups):
@@ -60,12 +64,22 @@ def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_b
         fs.create_dir(posixpath.dirname(path), recursive=True)
         dictionary: bool | list[str] = [c for c in rows.column_names if c not in unique_columns] \
             if unique_columns else True
+        encoded = None
+        if seen is not None:
+            sink = pa.BufferOutputStream()
+            pq.write_table(rows, sink, use_dictionary=dictionary, compression="snappy")
+            encoded = sink.getvalue()
         with fs.open_output_stream(path) as stream:
-            pq.write_table(rows, stream, use_dictionary=dictionary, compression="snappy")
+            if encoded is None:
+                pq.write_table(rows, stream, use_dictionary=dictionary, compression="snappy")
+            else:
+                stream.write(encoded)
         info = fs.get_file_info(path)
         mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
-        files.append(DataFile(relative, info.size, values, int(mtime * 1000), statistics(rows),
-                              rows.num_rows))
+        file = DataFile(relative, info.size, values, int(mtime * 1000), statistics(rows), rows.num_rows)
+        if seen is not None and encoded is not None:
+            seen(file, rows, encoded)
+        files.append(file)
     return files
 
 
@@ -113,23 +127,29 @@ def statistics(rows: pa.Table) -> str:
             continue
         if pa.types.is_floating(t) and pc.any(pc.is_nan(column)).as_py():
             continue  # NaN has no place in an order
-        bounds = pc.min_max(column).as_py()
-        lo, hi = bounds["min"], bounds["max"]
-        if isinstance(lo, str):
+        text = pa.types.is_string(t) or pa.types.is_large_string(t)
+        try:
+            bounds = pc.min_max(column).as_py()
+            lo, hi = bounds["min"], bounds["max"]
+            if not text:
+                lo, hi = _stat_value(lo), _stat_value(hi)
+        except (OverflowError, ValueError):
+            continue  # a time Python cannot hold (before year 1, after 9999): no bounds, readers just do not skip
+        if text:
             low[name] = lo[:_STAT_CHARS]  # a prefix is never greater
             if len(hi) <= _STAT_CHARS:
                 high[name] = hi
             continue
-        low[name], high[name] = _stat_value(lo), _stat_value(hi)
+        low[name], high[name] = lo, hi
     return json.dumps({"numRecords": rows.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls},
                       ensure_ascii=False)
 
 
 def _stat_value(value: Any) -> Any:
     if isinstance(value, datetime):  # to the millisecond, as Delta writers record them (readers allow for it)
-        if value.tzinfo is not None:
-            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+        if value.tzinfo is not None:  # isoformat: a year of four digits, whatever the platform's strftime does
+            return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+        return value.isoformat(timespec="milliseconds")
     if isinstance(value, date):
         return value.isoformat()
     return value

@@ -25,6 +25,8 @@ from lakefeed.config.model import EventTimeConfig
 EVENT_TIME = "__event_time"
 WATERMARK_KEY = "lakefeed.watermark"
 _TS = pa.timestamp("us", tz="UTC")
+_EARLIEST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), _TS)
+_LATEST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), _TS)
 
 
 def constant(value: datetime, n: int) -> pa.Array:
@@ -56,7 +58,7 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
             BadRow(None, f"event time column {spec.column!r} is missing", f"{n} rows")]
     values = table.column(spec.column)
     try:
-        return table.append_column(EVENT_TIME, cast_to(values, _TS)), []
+        return _held(table.append_column(EVENT_TIME, cast_to(values, _TS)), spec.column)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     parsed, bad = [], []
@@ -68,9 +70,21 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
             bad.append(i)
     keep = np.ones(n, dtype=bool)
     keep[bad] = False
-    rows = table.append_column(EVENT_TIME, pa.array(parsed, _TS)).filter(pa.array(keep))
+    rows, outside = _held(table.append_column(EVENT_TIME, pa.array(parsed, _TS)).filter(pa.array(keep)), spec.column)
     return rows, [BadRow(None, f"event time {values[i].as_py()!r} in column {spec.column!r} is not a timestamp",
-                         str(values[i].as_py())) for i in bad]
+                         str(values[i].as_py())) for i in bad] + outside
+
+
+def _held(rows: pa.Table, column: str) -> tuple[pa.Table, list[BadRow]]:
+    """The rows whose event time a watermark (Python's datetime) can hold, and the others as bad rows: Arrow takes
+    times far outside the years 1-9999, and one batch of only such rows would fail at every try."""
+    times = rows.column(EVENT_TIME)
+    outside = pc.fill_null(pc.or_(pc.less(times, _EARLIEST), pc.greater(times, _LATEST)), False)
+    if not pc.any(outside).as_py():
+        return rows, []
+    texts = pc.cast(times.filter(outside), pa.string()).to_pylist()
+    return rows.filter(pc.invert(outside)), [
+        BadRow(None, f"event time {text} in column {column!r} is outside the years 1-9999", text) for text in texts]
 
 
 def late_mask(data: pa.Table, watermark: datetime | None) -> np.ndarray:

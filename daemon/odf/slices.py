@@ -14,8 +14,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from lakefeed.odf import multiformats
 from lakefeed.odf.logical_hash import logical_multihash
@@ -33,12 +31,11 @@ class Described:
     written: datetime | None  # the slice's latest system_time
 
 
-def describe(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
-    """The slice a written changelog file is, as JSON; None when ODF cannot describe or hash its data (the chain
-    then reads the file itself and refuses it in its own words)."""
-    with fs.open_input_stream(path) as stream:
-        data = stream.read()
-    table = pq.read_table(pa.BufferReader(data))
+def describe(table: pa.Table, data: pa.Buffer | bytes) -> dict[str, Any] | None:
+    """The slice a changelog file is, as JSON, from the rows it was written from and its bytes (Parquet restores
+    what it was given: the same values and Arrow types, so the same logical hash; tests/test_odf_slices.py reads
+    them back to check); None when ODF cannot describe or hash its data (the chain then reads the file itself and
+    refuses it in its own words)."""
     try:
         data_schema(table.schema)
         logical = logical_multihash(table)

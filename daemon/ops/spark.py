@@ -73,7 +73,8 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     conf = {**DEFAULTS, **(jars.conf(*packages) if packages else {}), **cfg.conf,
             "spark.driver.extraJavaOptions": java_options(cfg, java_version)}
     if cfg.master.startswith("local-cluster") and (shared := class_archive.option(java_version, cfg.conf, "executor")):
-        conf["spark.executor.extraJavaOptions"] = f"{shared} {cfg.conf.get('spark.executor.extraJavaOptions', '')}"
+        theirs = cfg.conf.get("spark.executor.extraJavaOptions", "")
+        conf["spark.executor.extraJavaOptions"] = f"{shared} {theirs}".strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -63,8 +63,8 @@ def effective() -> str:
 
 
 def make() -> Path | None:
-    """Make the home unless it is there; None if it could not be made, which only leaves Spark's Python processes
-    as slow to start as without it."""
+    """Make the home unless it is there, and remove those of other pyspark or Python versions; None if it could not
+    be made, which only leaves Spark's Python processes as slow to start as without it."""
     target = path()
     if installed() is not None:
         _log.info("spark.home_cached", home=str(target))
@@ -76,6 +76,10 @@ def make() -> Path | None:
         _log.warning("spark.home_failed", error=str(exc), effect="Spark's Python processes compile pyspark at start")
         return None
     _log.info("spark.home_made", home=str(target))
+    for stale in target.parent.iterdir():  # another pyspark's or Python's: nothing starts from it any more
+        if stale != target and not stale.name.startswith("tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+            _log.info("spark.home_removed", home=str(stale), reason="made for another pyspark or Python")
     return target
 
 

@@ -253,10 +253,13 @@ def write(job: WriteJob) -> Written:
     described: list[tuple[str, dict]] = []
     if job.first_offset is not None:
         out, root = store.fs_of(cfg.changelog)
+        # Hashed here, from the rows and bytes just written: neither the task nor the driver's chain reads it back.
+        def seen(file: DataFile, written: pa.Table, data: pa.Buffer) -> None:
+            if (description := slices.describe(written, data)) is not None:
+                described.append((file.path, description))
+
         changelog = data_files.write(out, root, build_changelog(rows, job.first_offset, job.batch_id, job.checked_at),
-                                     name, unique_columns=("offset",))
-        # Hashed here, where the file was just written: the driver's chain need not read it back.
-        described = [(f.path, d) for f in changelog if (d := slices.describe(out, posixpath.join(root, f.path)))]
+                                     name, unique_columns=("offset",), seen=seen)
     if job.table:
         out, root = store.fs_of(cfg.table)
         table = data_files.write(out, root, data_columns(rows), name, partition_by=cfg.partition_by)
