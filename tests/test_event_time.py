@@ -74,6 +74,12 @@ def test_event_times_a_watermark_cannot_hold_are_quarantined_and_the_rest_commit
     result = _process(setup, 0, ("b.csv", "id,ts\n3,0000-06-01T00:00:00\n4,99999-01-01T00:00:00\n"))
     assert (result.rows, result.quarantined) == (0, 2)
 
+    setup = _setup(tmp_path / "c", {"source": "column", "column": "ts"})  # texts, parsed one by one
+    result = _process(setup, 0, ("c.csv", "id,ts\n5,yesterday\n6,0000-03-01T00:00:00Z\n7,2024-01-01T00:00:00Z\n"))
+    assert (result.rows, result.quarantined) == (1, 2)
+    reasons = sorted(row["reason"] for row in DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist())
+    assert "'yesterday' in column 'ts' is not a timestamp" in reasons[0] and "outside the years 1-9999" in reasons[1]
+
 
 def test_watermark_moves_forward_with_commits_and_by_command_and_late_rows_are_quarantined(tmp_path, capsys):
     setup = _setup(tmp_path, {"source": "column", "column": "ts", "allowed_lateness_s": 3600,

@@ -64,7 +64,7 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
     parsed, bad = [], []
     for i, v in enumerate(timestamp_text(values, _TS).to_pylist()):
         try:
-            parsed.append(pa.scalar(v).cast(_TS).as_py() if v is not None else None)
+            parsed.append(pa.scalar(v).cast(_TS).value if v is not None else None)  # an int: any year
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             parsed.append(None)
             bad.append(i)
