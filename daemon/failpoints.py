@@ -9,7 +9,8 @@ watchdog tests). `LAKEFEED_FAILPOINT=executor:<name>` in a Spark task SIGKILLs t
 Points: `batch.discovered` (files matched and read, nothing committed), `commit.quarantine`,
 `commit.table` (state committed, changelog not), `commit.changelog` (both committed, manifest
 not written), `manifest.written`, `odf.block_written` (a slice's block written, `refs/head` not moved); in tasks
-(daemon/pipeline/tasks.py): `task.written` (a write task's files written, not yet returned).
+(daemon/pipeline/tasks.py): `task.written` (a write task's files written, not yet returned); in the daemon's main
+loop (daemon/ops/supervisor.py), hang only: `supervisor.tick` (each turn of the loop, once the daemon is ready).
 """
 
 from __future__ import annotations

@@ -393,6 +393,24 @@ def test_a_stop_that_cannot_end_its_batch_exits_by_itself_after_the_grace(tmp_pa
     daemon.stop(60)
 
 
+def test_a_stop_whose_main_loop_hangs_exits_by_itself_with_the_stacks(tmp_path, daemons):
+    """The time limit of a stop runs from the signal, not from the main loop noticing it: a main loop stuck in a
+    call (a hang failpoint here) still ends in exit 143 after shutdown_timeout_s + stop_grace_s, and the log
+    shows where each thread waited."""
+    config = write_config(tmp_path, [entity_yaml()], shutdown_timeout_s=1, stop_grace_s=2)
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    daemon.start(env={"LAKEFEED_FAILPOINT": "hang:supervisor.tick"})
+    wait_for(lambda: daemon.events("failpoint.hanging") == 1, 60, 0.1, "the main loop to hang")
+    stopping = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(1 + 2 + 30) == 128 + signal.SIGTERM
+    assert 1 + 2 - 0.5 < time.monotonic() - stopping
+    assert daemon.events("daemon.stop_forced") == 1
+    stacks = [json.loads(line) for line in daemon.log.read_text().splitlines() if '"daemon.stacks"' in line]
+    assert any("in _serve" in stack and "in reached" in stack for stack in stacks[0]["threads"].values())
+
+
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -91,10 +91,10 @@ class IntakeProcess:
 
     def _answer(self, op: str, timeout: float) -> tuple[str, Any]:
         try:
-            if not self._conn.poll(timeout):
+            if not self._conn.poll(timeout):  # hung: killed by `_down`, started again by the next `check`
                 raise TimeoutError(f"no answer in {timeout:g} s")
             return self._conn.recv()
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError) as exc:  # TimeoutError is an OSError
             self._down(op, exc)
             raise IntakeDown(f"the intake process is not running ({op}: {exc or type(exc).__name__})") from exc
 

@@ -32,7 +32,7 @@ from types import FrameType
 
 from pyspark.sql import SparkSession
 
-from lakefeed import log
+from lakefeed import failpoints, log
 from lakefeed.config import model as config
 from lakefeed.config.model import EntityConfig, LakefeedConfig
 from lakefeed.config.sources import WebhookNotifications
@@ -70,6 +70,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._signals = 0
+        self._backstop_timer: threading.Timer | None = None
         self._session: SparkSession | None = None
         self._excluded: tuple = ()
         self.intake: IntakeProcess | None = None  # none in a backfill: it serves no HTTP
@@ -83,6 +84,7 @@ class Supervisor:
         if self._signals > 1:
             os._exit(128 + signum)  # a second signal: the operator does not want to wait
         self._stop.set()
+        self._backstop()  # from the signal: wherever the main loop is, the stop ends in time
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -130,10 +132,10 @@ class Supervisor:
                     runner.wait_started(list(runner.queries))
                 self._serve(watcher)
             finally:
+                self._backstop()
                 if self.intake is not None:
                     self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
                 _log.info("daemon.stopping")  # after the intake has answered: no push is acknowledged from here on
-                self._backstop()
                 notify(STOPPING="1", STATUS="stopping: finishing running batches")
                 if watcher is not None:
                     watcher.stop()
@@ -147,17 +149,21 @@ class Supervisor:
 
     def _backstop(self) -> None:
         """Exit when the stop is not done in time: under systemd, TimeoutStopSec would SIGKILL the daemon (and
-        say less). Whatever a stop interrupts is replayed at the next start, as after a SIGKILL."""
+        say less). Armed once, when the stop is asked for (the signal, or the main loop ending). Whatever a stop
+        interrupts is replayed at the next start, as after a SIGKILL."""
+        if self._backstop_timer is not None:
+            return
         after_s = self.cfg.shutdown_timeout_s + self.cfg.stop_grace_s
 
         def force() -> None:
             running = sorted(n for n, r in self.runners.items() if r.queries)
+            log.print_stacks(0, None)  # what the stop waited on
             _log.error("daemon.stop_forced", after_s=after_s, entities=running,
                        reason="the running batches did not end in time; they are replayed at the next start")
             sys.stderr.flush()
             os._exit(128 + signal.SIGTERM)
 
-        timer = threading.Timer(after_s, force)
+        self._backstop_timer = timer = threading.Timer(after_s, force)
         timer.daemon = True
         timer.start()
 
@@ -178,6 +184,7 @@ class Supervisor:
         last_ping = last_status = 0.0
         status = ""
         while not self._stop.wait(0.25):
+            failpoints.reached("supervisor.tick")
             if self._reload.is_set():
                 self._reload.clear()
                 self.reload()
