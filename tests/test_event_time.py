@@ -49,11 +49,24 @@ def test_event_time_from_the_path_and_from_file_mtime(tmp_path):
 
 
 def test_unparseable_event_times_are_quarantined_and_the_rest_commits(tmp_path):
-    setup = _setup(tmp_path, {"source": "column", "column": "ts"})
-    result = _process(setup, 0, ("a.csv", "id,ts\n1,2024-01-01T00:00:00Z\n2,yesterday\n"))
-    assert (result.rows, result.quarantined) == (1, 1)
+    """A text without a zone is a UTC time, whether the column's other texts parse (Arrow's CSV reader then reads
+    a timestamp column) or not (the texts are then parsed one by one)."""
+    setup = _setup(tmp_path / "a", {"source": "column", "column": "ts"})
+    result = _process(setup, 0, ("a.csv", "id,ts\n1,2024-01-01T00:00:00Z\n2,yesterday\n3,2024-01-02 03:04:05.5\n"))
+    assert (result.rows, result.quarantined) == (2, 1)
     quarantine = DeltaTable(str(setup[0].quarantine)).to_pyarrow_table().to_pylist()
     assert "'yesterday' in column 'ts' is not a timestamp" in quarantine[0]["reason"]
+    one_by_one = {r["id"]: r["event_time"] for r in _changelog(setup[0])}
+
+    setup = _setup(tmp_path / "b", {"source": "column", "column": "ts"})
+    assert _process(setup, 0, ("b.csv", "id,ts\n3,2024-01-02 03:04:05.5\n")).rows == 1
+    # The next file is read against the table's schema: its texts without a zone are UTC times too, not bad rows.
+    result = _process(setup, 1, ("c.csv", "id,ts\n4,2024-01-03 00:00:00\n"))
+    assert (result.rows, result.quarantined) == (1, 0)
+    whole = {r["id"]: r["event_time"] for r in _changelog(setup[0])}
+    assert one_by_one[3] == whole[3] == datetime(2024, 1, 2, 3, 4, 5, 500000, tzinfo=UTC)
+    assert whole[4] == datetime(2024, 1, 3, tzinfo=UTC)
+    assert one_by_one[1] == datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def test_event_times_a_watermark_cannot_hold_are_quarantined_and_the_rest_commits(tmp_path):

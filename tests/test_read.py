@@ -29,6 +29,26 @@ def test_csv_values_that_do_not_fit_the_schema_are_bad_rows(tmp_path):
     assert "'abc' is not a valid double" in out.bad[0].reason
 
 
+def test_a_bad_value_beside_a_time_python_cannot_hold_is_a_bad_row_and_zoneless_texts_are_utc(tmp_path):
+    """A row quarantined for one column shows its other values, a year 0 timestamp included (Python's datetime
+    cannot hold it: the batch failed at every try). In a text column whose values do not all parse, a time
+    without a zone is UTC, as when the whole column parses."""
+    f = tmp_path / "a.csv"
+    f.write_text("id,when,n\n1,0000-03-01T00:00:00,abc\n2,2024-01-01T00:00:00,5\n")
+    target = pa.schema([("id", pa.int64()), ("when", pa.timestamp("us", tz="UTC")), ("n", pa.int64())])
+    out = read_file(f, CsvFormat(), target)
+    assert out.table.column("id").to_pylist() == [2]
+    assert len(out.bad) == 1 and out.bad[0].line == 2 and "'abc' is not a valid int64" in out.bad[0].reason
+    assert '0000-03-01T00:00:00' in out.bad[0].raw
+
+    f.write_text("id,when,n\n1,0000-03-01T00:00:00Z,1\n2,2024-01-01 02:03:04.5,2\n3,x,3\n4,2024-01-01T02:03:04.5Z,4\n")
+    out = read_file(f, CsvFormat(), target)
+    assert [b.line for b in out.bad] == [4] and "'x' is not a valid timestamp" in out.bad[0].reason
+    when = out.table.column("when")
+    assert when.cast(pa.int64()).to_pylist()[0] == -62162035200000000  # kept as Arrow holds it
+    assert when[1] == when[2] and when[2].as_py() == datetime(2024, 1, 1, 2, 3, 4, 500000, tzinfo=UTC)
+
+
 def test_missing_columns_become_null_and_new_columns_are_kept(tmp_path):
     f = tmp_path / "a.csv"
     f.write_text("id,extra\n1,e\n")

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed import clock
-from lakefeed.batch.read import BadRow
-from lakefeed.batch.schema import cast_to, timestamp_text
+from lakefeed.batch.read import BadRow, as_python
+from lakefeed.batch.schema import cast_to
 from lakefeed.config.model import EventTimeConfig
 
 EVENT_TIME = "__event_time"
@@ -62,17 +62,17 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     parsed, bad = [], []
-    for i, v in enumerate(timestamp_text(values, _TS).to_pylist()):
+    for i, v in enumerate(values):
         try:
-            parsed.append(pa.scalar(v).cast(_TS).value if v is not None else None)  # an int: any year
+            parsed.append(cast_to(v, _TS) if v.is_valid else None)  # a scalar: any year (as_py holds 1-9999)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             parsed.append(None)
             bad.append(i)
     keep = np.ones(n, dtype=bool)
     keep[bad] = False
     rows, outside = _held(table.append_column(EVENT_TIME, pa.array(parsed, _TS)).filter(pa.array(keep)), spec.column)
-    return rows, [BadRow(None, f"event time {values[i].as_py()!r} in column {spec.column!r} is not a timestamp",
-                         str(values[i].as_py())) for i in bad] + outside
+    return rows, [BadRow(None, f"event time {as_python(values[i])!r} in column {spec.column!r} is not a timestamp",
+                         str(as_python(values[i]))) for i in bad] + outside
 
 
 def _held(rows: pa.Table, column: str) -> tuple[pa.Table, list[BadRow]]:

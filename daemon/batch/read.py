@@ -20,7 +20,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from lakefeed.batch import joda, model_json, textfile
-from lakefeed.batch.schema import cast_to, delta_compatible, timestamp_text
+from lakefeed.batch.schema import cast_to, delta_compatible
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import CsvFormat, FileFormat
 
@@ -247,9 +247,9 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
                 try:
                     column = cast_to(column, f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    column, failed = _cast_per_value(timestamp_text(column, f.type), f.type)
+                    column, failed = _cast_per_value(column, f.type)
                     for i in failed:
-                        failures.setdefault(i, (f.name, f"column {f.name!r}: {table.column(f.name)[i].as_py()!r} "
+                        failures.setdefault(i, (f.name, f"column {f.name!r}: {as_python(table.column(f.name)[i])!r} "
                                                         f"is not a valid {f.type}"))
             columns.append(column)
         names.append(f.name)
@@ -262,18 +262,28 @@ def conform(table: pa.Table, target: pa.Schema | None, first_line: int | None = 
         return FileRead(out)
     bad = []
     for i, (name, reason) in sorted(failures.items()):
-        raw = json.dumps({k: None if v is None else str(v) for k, v in table.slice(i, 1).to_pylist()[0].items()})
+        values = {name: as_python(table.column(name)[i]) for name in table.column_names}
+        raw = json.dumps({k: None if v is None else str(v) for k, v in values.items()})
         bad.append(BadRow(first_line + i if first_line is not None else None, reason, raw, name))
     keep = np.ones(table.num_rows, dtype=bool)
     keep[list(failures)] = False
     return FileRead(out.filter(pa.array(keep)), bad)
 
 
+def as_python(value: pa.Scalar) -> Any:
+    """The value in Python, or Arrow's text of it where Python cannot hold it (a timestamp of the year 0)."""
+    try:
+        return value.as_py()
+    except (OverflowError, ValueError):
+        return value.cast(pa.string()).as_py()
+
+
 def _cast_per_value(column: pa.ChunkedArray, to: pa.DataType) -> tuple[pa.Array, set[int]]:
+    """Kept as Arrow scalars: `as_py` fails on values Arrow holds and Python does not (a year 0 timestamp)."""
     values, failed = [], set()
     for i, scalar in enumerate(column):
         try:
-            values.append(scalar.cast(to).as_py() if scalar.is_valid else None)
+            values.append(cast_to(scalar, to) if scalar.is_valid else None)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             values.append(None)
             failed.add(i)

@@ -70,15 +70,23 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
 _FRACTION_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
 
-def cast_to(column: pa.Array | pa.ChunkedArray, to: pa.DataType) -> pa.Array | pa.ChunkedArray:
-    """`column` cast to `to`, text to a timestamp with more fractional digits than the unit holds included."""
+def cast_to(column: pa.Array | pa.ChunkedArray | pa.Scalar, to: pa.DataType) -> pa.Array | pa.ChunkedArray | pa.Scalar:
+    """`column` cast to `to`, text to a timestamp with more fractional digits than the unit holds included. Text
+    without a zone offset, bound for a timestamp with a zone, is a UTC time: Arrow's CSV reader takes a column of
+    only such texts as timestamps without a zone, which cast as UTC, and the same text must mean the same time
+    when a neighbour in its column does not parse."""
     try:
         return column.cast(to)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         text = timestamp_text(column, to)
         if text is column:
             raise
-        return text.cast(to)  # only now: truncating costs about ten times the cast
+        try:
+            return text.cast(to)  # only now: truncating costs about ten times the cast
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            if to.tz is None:
+                raise
+            return text.cast(pa.timestamp(to.unit)).cast(to)
 
 
 def timestamp_text(column: pa.Array | pa.ChunkedArray, to: pa.DataType) -> pa.Array | pa.ChunkedArray:
