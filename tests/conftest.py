@@ -12,6 +12,9 @@ import pytest
 import yaml
 
 os.environ.setdefault("TZ", "UTC")  # the CDM SDK's local adapter reports local time as UTC
+# Every JVM the suite starts (Spark's, the test brokers') compiles with C1 only: each lives seconds to a minute, too
+# short for C2's compilations to pay back their CPU. Measured: two daemon kill tests took 21% less time.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -88,3 +88,14 @@ def test_local_cluster_executors_map_it_too(tmp_path):
     assert len(logs) == 1, logs
     env = [line for line in logs[0].read_text().splitlines() if " org.apache.spark.SparkEnv " in line]
     assert env and env[0].endswith("source: shared objects file (top)"), env
+
+
+def test_options_from_the_environment_keep_the_archive_of_the_jvm_build():
+    """`JDK_JAVA_OPTIONS` (the suite sets C1 only) adds the launcher's note and a mode to `java -version`'s text;
+    the archive is the build's, made at set-up without them."""
+    plain = ('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment (build 17.0.15+6-Debian-1deb12u1)\n'
+             "OpenJDK 64-Bit Server VM (build 17.0.15+6-Debian-1deb12u1, mixed mode, sharing)\n")
+    noted = ("NOTE: Picked up JDK_JAVA_OPTIONS: -XX:TieredStopAtLevel=1\n"
+             + plain.replace("mixed mode, sharing", "mixed mode, emulated-client, sharing"))
+    assert class_archive.path(noted) == class_archive.path(plain)
+    assert class_archive.path(plain.replace("17.0.15+6", "17.0.16+8")) != class_archive.path(plain)

@@ -38,9 +38,16 @@ _OWN_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare:off")  # in 
 def path(java_version: str) -> Path:
     """Where the archive for this JVM build (its `java -version` text) and this pyspark is."""
     # The class path is SPARK_HOME's jars: the compiled home's (daemon/ops/spark_home.py) or another.
-    key = hashlib.sha256("\n".join([java_version, pyspark.__version__, spark_home.effective(),
+    key = hashlib.sha256("\n".join([_build(java_version), pyspark.__version__, spark_home.effective(),
                                     *sorted(jars.own_jars())]).encode())
     return jars.cache_dir() / "cds" / f"spark-driver-{key.hexdigest()[:16]}.jsa"
+
+
+def _build(java_version: str) -> str:
+    """The JVM build in `java -version`'s text, without the launcher's note of options from the environment
+    (JDK_JAVA_OPTIONS) nor the modes options set (`, emulated-client` under -XX:TieredStopAtLevel=1): the archive
+    serves the build whatever they are."""
+    return "\n".join(line.split(",")[0] for line in java_version.splitlines() if "Picked up " not in line)
 
 
 def option(java_version: str, conf: Mapping[str, str], role: str = "driver") -> str | None:
