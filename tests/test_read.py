@@ -31,7 +31,7 @@ def test_csv_values_that_do_not_fit_the_schema_are_bad_rows(tmp_path):
 
 def test_a_bad_value_beside_a_time_python_cannot_hold_is_a_bad_row_and_zoneless_texts_are_utc(tmp_path):
     """A row quarantined for one column shows its other values, a year 0 timestamp included (Python's datetime
-    cannot hold it: the batch failed at every try). In a text column whose values do not all parse, a time
+    cannot hold it; `to_pylist` raised OverflowError). In a text column whose values do not all parse, a time
     without a zone is UTC, as when the whole column parses."""
     f = tmp_path / "a.csv"
     f.write_text("id,when,n\n1,0000-03-01T00:00:00,abc\n2,2024-01-01T00:00:00,5\n")
