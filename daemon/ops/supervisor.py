@@ -44,13 +44,12 @@ from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
-from lakefeed.ops import spark, status_api, writers
+from lakefeed.ops import priority, spark, status_api, writers
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
 from lakefeed.ops.runner import EntityRunner
 
 _log = log.get(__name__)
-_AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduler autogroup (Linux with CONFIG_SCHED_AUTOGROUP)
 # Changing these needs a restart: they shape the process (Spark session, listening socket, folders).
 RESTART_FIELDS = ("lake_dir", "state_dir", "spark", "http")
 
@@ -93,7 +92,7 @@ class Supervisor:
         # An abstract unix socket: no path to clean up, and only this host's processes reach it.
         local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self)],
                            unix=f"\0lakefeed-{os.getpid()}-{secrets.token_hex(4)}")
-        own_session = _leads_own_session()
+        own_session = priority.leads_own_session()
         try:
             if not self.drain:
                 local.start()
@@ -101,7 +100,7 @@ class Supervisor:
                                             own_session=own_session)
                 self.url = self.intake.start()  # before the priority drops: the intake keeps the higher one
                 http_server.publish(self.cfg.state_dir, self.url)
-            _lower_priority(self.cfg.spark.nice, autogroup=own_session)
+            priority.lower(self.cfg.spark.nice, autogroup=own_session)
             self._run_spark()
         finally:
             if self.intake is not None:  # last: until here pushes get 503 and /healthz, /status answer
@@ -369,39 +368,3 @@ def _changed_record_sources(old: EntityConfig, new: EntityConfig) -> list[str] |
     before = {s.name: s for s in (*old.push, *old.kafka)}
     after = {s.name: s for s in (*new.push, *new.kafka)}
     return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
-
-
-def _leads_own_session() -> bool:
-    """Whether this process leads a session of its own (systemd, setsid) on a kernel with scheduler autogroups.
-
-    Such a kernel shares the CPU fairly between sessions first and applies nice values only within one: the
-    whole session (intake, JVM, Python workers) then competed as one with every other session, and the
-    intake got the CPU it needs only as long as Spark left the session's share unused. Leading its own
-    session, the daemon gives the intake a session (an autogroup) of its own and makes its own autogroup
-    `spark.nice` nicer. A daemon in someone else's session (a terminal's, a test runner's) leaves that
-    session's autogroup alone: lowering it would lower the terminal's priority too, for as long as it lives."""
-    if os.getsid(0) != os.getpid():
-        return False
-    try:
-        # Empty in the root group (init's session, and every process that never left it): no nice to set.
-        return bool(_AUTOGROUP.read_text(encoding="ascii").strip())
-    except OSError:  # a kernel without autogroups
-        return False
-
-
-def _lower_priority(nice: int, autogroup: bool) -> None:
-    """Make this thread, and every thread and process it starts from now on (Spark's JVM and Python workers,
-    the batches), `nice` nicer; with `autogroup`, this session's scheduler autogroup too. Threads started
-    before keep their priority: the intake's launcher among them."""
-    if not nice:
-        return
-    try:
-        os.nice(nice)
-    except OSError as exc:  # a sandbox may forbid it: everything runs alike then
-        _log.warning("priority.unchanged", nice=nice, error=str(exc))
-    if autogroup:
-        try:
-            _AUTOGROUP.write_text(str(nice), encoding="ascii")
-        except OSError as exc:  # e.g. a read-only /proc: sessions then share the CPU as equals
-            _log.warning("priority.autogroup_unchanged", nice=nice, error=str(exc))
-
