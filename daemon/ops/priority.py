@@ -47,4 +47,3 @@ def lower(nice: int, autogroup: bool) -> None:
             _AUTOGROUP.write_text(str(nice), encoding="ascii")
         except OSError as exc:  # e.g. a read-only /proc: sessions then share the CPU as equals
             _log.warning("priority.autogroup_unchanged", nice=nice, error=str(exc))
-

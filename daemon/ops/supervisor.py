@@ -69,7 +69,6 @@ class Supervisor:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._signals = 0
-        self._backstop_timer: threading.Timer | None = None
         self._session: SparkSession | None = None
         self._excluded: tuple = ()
         self.intake: IntakeProcess | None = None  # none in a backfill: it serves no HTTP
@@ -82,8 +81,7 @@ class Supervisor:
         self._signals += 1
         if self._signals > 1:
             os._exit(128 + signum)  # a second signal: the operator does not want to wait
-        self._stop.set()
-        self._backstop()  # from the signal: wherever the main loop is, the stop ends in time
+        self._stop.set()  # the backstop's clock starts now, wherever the main loop is
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -112,6 +110,7 @@ class Supervisor:
 
     def _run_spark(self) -> None:
         session = self._session = spark.session(self.cfg.spark, packages=writers.spark_packages(self.cfg))
+        threading.Thread(target=self._backstop, name="stop-backstop", daemon=True).start()
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
@@ -131,7 +130,7 @@ class Supervisor:
                     runner.wait_started(list(runner.queries))
                 self._serve(watcher)
             finally:
-                self._backstop()
+                self._stop.set()  # a backfill drained, or an error: the backstop times this stop too
                 if self.intake is not None:
                     self.intake.accepting(False)  # pushes get 503 from now on; acknowledged ones are in the spools
                 _log.info("daemon.stopping")  # after the intake has answered: no push is acknowledged from here on
@@ -147,24 +146,19 @@ class Supervisor:
             session.stop()
 
     def _backstop(self) -> None:
-        """Exit when the stop is not done in time: under systemd, TimeoutStopSec would SIGKILL the daemon (and
-        say less). Armed once, when the stop is asked for (the signal, or the main loop ending). Whatever a stop
+        """A thread of its own, started with the session: exit when a stop is not done in time (under systemd,
+        TimeoutStopSec would SIGKILL the daemon and say less). Its clock starts when the stop is asked for, so a
+        main loop stuck in a call is timed too, and the signal handler starts no thread. Whatever a stop
         interrupts is replayed at the next start, as after a SIGKILL."""
-        if self._backstop_timer is not None:
-            return
+        self._stop.wait()
         after_s = self.cfg.shutdown_timeout_s + self.cfg.stop_grace_s
-
-        def force() -> None:
-            running = sorted(n for n, r in self.runners.items() if r.queries)
-            log.print_stacks(0, None)  # what the stop waited on
-            _log.error("daemon.stop_forced", after_s=after_s, entities=running,
-                       reason="the running batches did not end in time; they are replayed at the next start")
-            sys.stderr.flush()
-            os._exit(128 + signal.SIGTERM)
-
-        self._backstop_timer = timer = threading.Timer(after_s, force)
-        timer.daemon = True
-        timer.start()
+        time.sleep(after_s)
+        running = sorted(n for n, r in self.runners.items() if r.queries)
+        log.print_stacks(0, None)  # what the stop waited on
+        _log.error("daemon.stop_forced", after_s=after_s, entities=running,
+                   reason="the running batches did not end in time; they are replayed at the next start")
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
 
     def _serve(self, watcher: ConfigWatcher | None) -> None:
         running = [n for n, r in self.runners.items() if r.error is None]
