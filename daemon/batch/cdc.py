@@ -78,32 +78,41 @@ def tag_rows(table: pa.Table, kind: str, order: np.ndarray) -> pa.Table:
 
 def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """Per-row kinds for upsert_and_delete (delete marker) and changelog (op column); bad rows out."""
-    kinds = data.column(KIND).to_pylist()
+    kinds = data.column(KIND).combine_chunks()
     bad_rows: dict[int, str] = {}
-    if "upsert_and_delete" in kinds:
-        marker = data.column(cfg.delete_column).cast(pa.string()).to_pylist() \
-            if cfg.delete_column in data.column_names else [None] * data.num_rows
-        kinds = ["delete" if k == "upsert_and_delete" and str(m) in cfg.delete_values else
-                 "upsert" if k == "upsert_and_delete" else k for k, m in zip(kinds, marker, strict=True)]
-    if "changelog" in kinds:
-        ops = data.column(cfg.op_column).cast(pa.string()).to_pylist() \
-            if cfg.op_column in data.column_names else [None] * data.num_rows
-        for i, (k, op) in enumerate(zip(kinds, ops, strict=True)):
-            if k == "changelog":
-                kinds[i] = cfg.op_values.get(op or "", "")
-                if not kinds[i]:
-                    bad_rows[i] = f"unknown operation {op!r} in column {cfg.op_column!r}"
+    marked = pc.equal(kinds, "upsert_and_delete")
+    if pc.any(marked).as_py():
+        # A marker is compared as its text; a missing one (null) as "None", as Python would write it.
+        marker = pc.fill_null(_text(data, cfg.delete_column), "None")
+        deleted = pc.is_in(marker, value_set=pa.array(cfg.delete_values, pa.string()))
+        kinds = pc.if_else(marked, pc.if_else(deleted, "delete", "upsert"), kinds)
+    logged = pc.equal(kinds, "changelog")
+    if pc.any(logged).as_py():
+        ops = _text(data, cfg.op_column)
+        names, meanings = (pa.array(list(part), pa.string()) for part in (cfg.op_values, cfg.op_values.values()))
+        meant = pc.take(meanings, pc.index_in(pc.fill_null(ops, ""), value_set=names))  # null: unknown
+        kinds = pc.if_else(logged, meant, kinds)
+        for i in np.flatnonzero(pc.fill_null(pc.and_(logged, pc.is_null(meant)), False).to_numpy(
+                zero_copy_only=False)):
+            bad_rows[int(i)] = f"unknown operation {ops[int(i)].as_py()!r} in column {cfg.op_column!r}"
     for name in (*cfg.primary_key, *cfg.sequence_by):
         if name not in data.column_names:
             return data.slice(0, 0), _bad(data, dict.fromkeys(range(data.num_rows), f"column {name!r} is missing"))
         for i in np.flatnonzero(data.column(name).is_null().to_numpy(zero_copy_only=False)):
             bad_rows.setdefault(int(i), f"{'key' if name in cfg.primary_key else 'sequence'} column {name!r} is null")
-    data = data.set_column(data.schema.get_field_index(KIND), KIND, pa.array(kinds, pa.string()))
+    data = data.set_column(data.schema.get_field_index(KIND), KIND, kinds)
     if not bad_rows:
         return data, []
     keep = np.ones(data.num_rows, dtype=bool)
     keep[list(bad_rows)] = False
     return data.filter(pa.array(keep)), _bad(data, bad_rows)
+
+
+def _text(data: pa.Table, column: str) -> pa.Array:
+    """A column's values as text (null where a row has none); all null when the batch lacks the column."""
+    if column not in data.column_names:
+        return pa.nulls(data.num_rows, pa.string())
+    return data.column(column).cast(pa.string()).combine_chunks()
 
 
 def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
@@ -133,23 +142,25 @@ def reduce(data: pa.Table, cfg: CdcConfig,
         data = data.filter(pc.is_in(data.column("source_file"), value_set=files))
     sort = [(k, "ascending") for k in cfg.primary_key]
     sort += [(c, "ascending") for c in cfg.sequence_by] + [(ORDER, "ascending")]
-    data = data.sort_by(sort)
+    # Only the sort's columns are sorted; the rows themselves are taken once, the winners.
+    order = pc.sort_indices(data.select([name for name, _ in sort]), sort_keys=sort).to_numpy()
     n = data.num_rows
     if n == 0:
         return data, []
     new_key = np.zeros(n, dtype=bool)
     for k in cfg.primary_key:
-        col = data.column(k).combine_chunks()
+        col = data.column(k).take(order).combine_chunks()
         new_key[1:] |= pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     new_key[0] = True
     if cfg.strategy == "ledger":  # the first row of a key wins
-        return data.filter(pa.array(new_key)), []
-    return _after_deletes(data, new_key, cfg.update_of_absent)
+        return data.take(order[new_key]), []
+    return _after_deletes(data, order, new_key, cfg.update_of_absent)
 
 
-def _after_deletes(data: pa.Table, new_key: np.ndarray, update_of_absent: str) -> tuple[pa.Table, list]:
-    """Each key's last change (rows sorted by key, then rank), as it stands after a delete of its key ranked
-    before it in the batch: the delete leaves the key absent, whatever the table holds, as batch by batch.
+def _after_deletes(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
+                   update_of_absent: str) -> tuple[pa.Table, list]:
+    """Each key's last change (`order`: the rows sorted by key, then rank), as it stands after a delete of its key
+    ranked before it in the batch: the delete leaves the key absent, whatever the table holds, as batch by batch.
 
     - A create (insert) after the delete replaces the row the table holds: it becomes an upsert (an insert
       leaves a present key as it is).
@@ -158,25 +169,25 @@ def _after_deletes(data: pa.Table, new_key: np.ndarray, update_of_absent: str) -
       with `quarantine` the updates after it go to quarantine. With a create between, it is an upsert.
     """
     rows = np.arange(data.num_rows)
-    kinds = data.column(KIND).to_numpy(zero_copy_only=False)
+    kinds = data.column(KIND).take(order)
+    is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False) for kind in ("delete", "update", "insert")}
     start = np.maximum.accumulate(np.where(new_key, rows, 0))
-    last_delete = np.maximum.accumulate(np.where(kinds == "delete", rows, -1))
+    last_delete = np.maximum.accumulate(np.where(is_["delete"], rows, -1))
     last_delete = np.where(last_delete >= start, last_delete, -1)  # only a delete of the row's own key
-    creates = np.cumsum(np.isin(kinds, ("insert", "upsert")))
+    creates = np.cumsum(is_["insert"] | pc.equal(kinds, "upsert").to_numpy(zero_copy_only=False))
     # An update with a delete of its key before it and no create between: the key is absent.
-    absent = (kinds == "update") & (last_delete >= 0) & (creates == creates[np.maximum(last_delete, 0)])
+    absent = is_["update"] & (last_delete >= 0) & (creates == creates[np.maximum(last_delete, 0)])
     winners = rows[np.append(new_key[1:], True)]
     prior = last_delete[winners]  # the key's last delete at or before its winner, or -1
-    won = kinds[winners]
     # After a delete, a create or an update the key takes (absent and inserted, or created since) is the row.
-    takes = (won == "update") & (~absent[winners] | (update_of_absent == "insert"))
-    upsert = (prior >= 0) & ((won == "insert") | takes)
+    takes = is_["update"][winners] & (~absent[winners] | (update_of_absent == "insert"))
+    upsert = (prior >= 0) & (is_["insert"][winners] | takes)
     bad: list = []
     if update_of_absent != "insert":
         if update_of_absent == "quarantine" and absent.any():
-            bad = _bad(data, dict.fromkeys(rows[absent].tolist(), "update of a key deleted before it"))
+            bad = _bad(data, dict.fromkeys(order[absent].tolist(), "update of a key deleted before it"))
         winners = np.where(absent[winners], prior, winners)
-    out = data.take(pa.array(winners))
+    out = data.take(order[winners])
     if not upsert.any():
         return out, bad
     kind = pc.if_else(pa.array(upsert), "upsert", out.column(KIND))
