@@ -4,6 +4,7 @@ what counts as data, deliveries and listings into a real inbox, and the manifest
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 from urllib.parse import quote_plus
 
@@ -152,3 +153,26 @@ def test_the_mirror_publishes_whole_documents_and_says_what_is_wrong(tmp_path, s
     assert not mirror.pull(tmp_path / "cdm" / "other.manifest.cdm.json")
     with pytest.raises(TerminalError, match="cannot write s3://nobucket/x/default.manifest.cdm.json.*bucket exists"):
         Mirror(store, tmp_path / "cdm", "s3://nobucket/x").publish([doc])
+
+
+def test_data_files_in_a_bucket_are_written_without_folder_markers_and_swept_by_prefix(store, moto):
+    """An object store has no folders: writing a partitioned table's files PUTs the files only (no empty
+    `…/` marker objects per level, which doubled the requests of each file), and `sweep` still finds them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lakefeed.connectors.sinks import data_files
+
+    fs, root = store.fs_of("s3://landing/lake/table")
+    rows = pa.table({"day": ["2026-11-01", "2026-11-01", "2026-11-02"], "v": [1, 2, 3]})
+    written = data_files.write(fs, root, rows, data_files.prefix("t0", 7) + "a", partition_by=("day",))
+    keys = sorted(o["Key"] for o in moto.client("s3").list_objects_v2(Bucket="landing")["Contents"])
+    assert keys == sorted(f"lake/table/{f.path}" for f in written) and len(keys) == 2
+    assert not [k for k in keys if k.endswith("/")]
+    assert sorted(pq.read_table(f"{root}/{written[0].path}", filesystem=fs).column("v").to_pylist()) == [1, 2]
+    kept = [written[0].path]
+    folders = [posixpath.dirname(f.path) for f in written]
+    assert data_files.sweep(fs, root, data_files.prefix("t0", 7), kept, folders) == 1
+    left = [o["Key"] for o in moto.client("s3").list_objects_v2(Bucket="landing")["Contents"]]
+    # pyarrow keeps a folder it emptied as a marker object; only the kept file holds data.
+    assert [k for k in left if not k.endswith("/")] == [f"lake/table/{written[0].path}"]

@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from lakefeed.inbox.storage import make_folder
+
 _STAT_CHARS = 32  # string statistics longer than this are left out (Delta readers only prune with them)
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
@@ -61,7 +63,7 @@ def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_b
         relative = posixpath.join(folder, f"{name}-{n}-{uuid.uuid4().hex}.parquet") if folder else \
             f"{name}-{n}-{uuid.uuid4().hex}.parquet"
         path = posixpath.join(root, relative)
-        fs.create_dir(posixpath.dirname(path), recursive=True)
+        make_folder(fs, posixpath.dirname(path))
         dictionary: bool | list[str] = [c for c in rows.column_names if c not in unique_columns] \
             if unique_columns else True
         encoded = None

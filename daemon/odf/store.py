@@ -17,7 +17,7 @@ import uuid
 import pyarrow.fs as pafs
 
 from lakefeed import log
-from lakefeed.inbox.storage import Storage
+from lakefeed.inbox.storage import Storage, make_folder
 from lakefeed.odf import multiformats
 
 _log = log.get(__name__)
@@ -65,7 +65,7 @@ class DatasetStore:
         target = self.path("data", multiformats.to_text(physical))
         if self.has_data(physical):
             return
-        self.fs.create_dir(self.path("data"), recursive=True)
+        make_folder(self.fs, self.path("data"))
         if self.local:
             try:
                 os.link(source, target)
@@ -83,7 +83,7 @@ class DatasetStore:
             self._put(self.path("data", multiformats.to_text(physical)), data)
 
     def _put(self, path: str, data: bytes) -> None:
-        self.fs.create_dir(posixpath.dirname(path), recursive=True)
+        make_folder(self.fs, posixpath.dirname(path))
         if not self.local:  # one PUT: readers see all of it or none
             with self.fs.open_output_stream(path) as out:
                 out.write(data)

@@ -41,7 +41,7 @@ from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
-from lakefeed.inbox.storage import Storage
+from lakefeed.inbox.storage import Storage, make_folder
 from lakefeed.odf import slices
 
 _log = log.get(__name__)
@@ -213,7 +213,7 @@ def _staged(cfg: EntityConfig, store: Storage, offset: int, location: str, table
         return Staged(offset, location, True, bad=tuple(bad), late=late, worker=where)
     url = f"{staging}/{offset}.arrow"
     fs, path = store.fs_of(url)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
+    make_folder(fs, posixpath.dirname(path))
     with fs.open_output_stream(path) as stream, pa.ipc.new_file(stream, table.schema) as writer:
         writer.write_table(table)
     latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
