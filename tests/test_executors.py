@@ -54,11 +54,13 @@ def _ancestors(pid: int) -> list[str]:
 
 
 def _worked_in_executors(daemon: Daemon, entities) -> None:
-    """Every batch of the entities' tables was read and written in processes under an executor, not the driver."""
+    """Every batch of the entities' tables was read and written in processes under an executor, not the driver
+    (the batches of this life: a killed life's processes are gone, and so is what they descended from)."""
     for cfg in entities:
         workers = _workers(cfg.changelog) | _workers(cfg.table)
-        assert workers and daemon.proc.pid not in workers
-        for pid in workers:
+        live = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        assert live and daemon.proc.pid not in workers
+        for pid in live:
             assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
 
 
@@ -214,7 +216,8 @@ def _sql_tasks(event_log: Path) -> dict[str, set[str]]:
 
 def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path):
     """Push frames of an append entity and of an upsert entity written by delta-spark: executor Python workers
-    decode them (both) and write the tables' files (append); delta-spark's MERGE runs in executor tasks; every
+    decode them (both) and write the tables' files (append); delta-spark's MERGE runs in executor tasks. The first
+    life is killed (SIGKILL) between the keyed entity's table commit and its changelog's; after the restart every
     acknowledged record is there once, offsets dense, `verify` passes."""
     from tests.test_operations import TOKEN, Client, _push_entity
 
@@ -231,6 +234,9 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
     lake = config_module.load(config)
     events, accounts = lake.entities
     with Daemon(config, tmp_path / "daemon.log") as daemon:
+        daemon.start(env={"LAKEFEED_FAILPOINT": "commit.table"})  # only the keyed entity's commit passes there
+        assert Client(tmp_path / "state").push([{"id": 0, "v": "first life"}], "accounts")[0] == 202
+        assert daemon.wait(120) == -signal.SIGKILL, "the failpoint commit.table was not reached"
         daemon.start()
         client = Client(tmp_path / "state")
         for n in range(30):
@@ -243,7 +249,10 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
         # The changelog's commit follows the table's: the batch is whole once the changelog replays to the table.
         wait_for(lambda: _table_rows(accounts.changelog) and verify(accounts) == [], 60, 0.5, "the changelog")
         _worked_in_executors(daemon, (events, accounts))
+        # delta-spark's first MERGE and append, done before a batch needs them, and tidied (a killed life's too)
+        wait_for(lambda: daemon.events("writer.warmed") >= 1, 120, 0.3, "delta-spark warmed up")
         daemon.stop()
+        assert not (tmp_path / "state" / "warm-up-delta-spark").exists()
         assert writers_of(accounts.table) == {"delta-spark"}
         tasks = _sql_tasks(events_log)
         merges = {e for d, on in tasks.items() if "merge" in d.lower() for e in on}
@@ -257,7 +266,8 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
 
 def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, kafka_broker):  # noqa: F811
     """A topic of 3 partitions into an append entity and an upsert entity: the messages are decoded where Spark's
-    tasks read them and no row comes to the driver; every message once, `verify` passes."""
+    tasks read them and no row comes to the driver. The first life is killed (SIGKILL) between the upsert entity's
+    table commit and its changelog's; after the restart every message is there once, `verify` passes."""
     kafka_broker.create_topic("clicks", 3)
     clicks = {"name": "clicks", "kafka": [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap,
                                            "topics": ["clicks"], "max_offsets_per_trigger": 200}]}
@@ -266,8 +276,10 @@ def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, 
     config = write_config(tmp_path, [clicks, users], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
     lake = config_module.load(config)
     with Daemon(config, tmp_path / "daemon.log") as daemon:
-        daemon.start()
+        daemon.start(env={"LAKEFEED_FAILPOINT": "commit.table"})  # only the keyed entity's commit passes there
         kafka_broker.produce("clicks", [{"id": i % 50, "n": i} for i in range(600)])
+        assert daemon.wait(120) == -signal.SIGKILL, "the failpoint commit.table was not reached"
+        daemon.start()
         wait_for(lambda: _table_rows(lake.entity("clicks").table) == 600, 180, 0.3, "every message")
         wait_for(lambda: _table_rows(lake.entity("users").table) == 50, 180, 0.3, "every user")
         _worked_in_executors(daemon, lake.entities)
@@ -276,4 +288,6 @@ def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, 
     assert sorted(rows["n"].to_pylist()) == list(range(600))
     changelog = DeltaTable(str(lake.entity("clicks").changelog)).to_pyarrow_table()
     assert sorted(changelog["offset"].to_pylist()) == list(range(600))
+    users = DeltaTable(str(lake.entity("users").table)).to_pyarrow_table().to_pylist()
+    assert sorted(u["id"] for u in users) == list(range(50)) and all(u["n"] % 50 == u["id"] for u in users)
     assert verify(lake.entity("clicks")) == [] and verify(lake.entity("users")) == []
