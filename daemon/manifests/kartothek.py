@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 from lakefeed import failpoints, log
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks import delta_log
-from lakefeed.inbox.storage import Storage, make_folder
+from lakefeed.inbox.storage import Storage
 
 VERSION_KEY = "lakefeed.table_version"
 _log = log.get(__name__)
@@ -178,7 +178,7 @@ class KartothekDataset:
     def _atomically(self, path: str, write: Any) -> None:
         """Whole or not at all: a temporary name renamed on a local disk; one PUT on S3."""
         if self._local:  # S3 has no folders (pyarrow would write marker objects)
-            make_folder(self.fs, posixpath.dirname(path))
+            self.fs.create_dir(posixpath.dirname(path), recursive=True)
         target = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp") if self._local else path
         with self.fs.open_output_stream(target) as out:
             write(out)
