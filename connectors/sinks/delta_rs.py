@@ -58,6 +58,10 @@ class DeltaRsSink(TableSink):
         self._partition_by = list(partition_by) or None
         self._options = storage_options
         self._table: DeltaTable | None = None
+        # app id -> (a table version, the app's transaction version there). delta-rs reads an app's transaction by
+        # replaying every commit since the last checkpoint (up to 100 GETs on S3) at each call; only the app's own
+        # commits move it, and each of those is recorded here as it succeeds.
+        self._txns: dict[str, tuple[int, int | None]] = {}
         self._writer = WriterProperties(
             column_properties={c: ColumnProperties(dictionary_enabled=False) for c in unique_columns}
         ) if unique_columns else None
@@ -74,7 +78,19 @@ class DeltaRsSink(TableSink):
 
     def committed_version(self, app_id: str) -> int | None:
         table = self._load()
-        return table.transaction_version(app_id) if table is not None else None
+        if table is None:
+            return None
+        known = self._txns.get(app_id)
+        if known is not None and known[0] == table.version():
+            return known[1]
+        version = table.transaction_version(app_id)
+        self._txns[app_id] = (table.version(), version)
+        return version
+
+    def _committed(self, app_id: str, table_version: int, version: int) -> None:
+        """The app's commit of `version` became `table_version`. A later table version found at the next check
+        means someone else committed too (or the commit was retried later): the log is read again then."""
+        self._txns[app_id] = (table_version, version)
 
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         target = self._target()
@@ -91,6 +107,8 @@ class DeltaRsSink(TableSink):
                 custom_metadata=metadata, app_transactions=[Transaction(app_id, version)]
             ),
         )
+        if isinstance(target, DeltaTable):  # write_deltalake brings the table it wrote to up to its commit
+            self._committed(app_id, target.version(), version)
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
@@ -107,8 +125,10 @@ class DeltaRsSink(TableSink):
         if new:  # a commit of its own, before the files': a replay finds the columns there and goes on
             table.alter.add_columns([DeltaField.from_arrow(f) for f in new])
             current = pa.schema([*current, *new])
+        base = table.version()
         table.create_write_transaction(actions, "append", current, partition_by=self._partition_by,
                                        commit_properties=properties)
+        self._committed(app_id, base + 1, version)  # the table object stays at `base`: the next load finds it
 
     def paths(self) -> set[str]:
         table = self._load()
@@ -185,6 +205,8 @@ class DeltaRsSink(TableSink):
                                                              f"AND ({changed})")
                       .when_not_matched_insert(values, predicate=f"s.{KIND} IN ({inserting})"))
         merger.execute()
+        if table.version() != before:  # the merge committed (delta-rs brings the table it merged into up to it)
+            self._committed(app_id, table.version(), version)
         table = self._load()
         assert table is not None
         if table.version() == before:  # nothing changed: record the batch all the same
@@ -201,6 +223,7 @@ class DeltaRsSink(TableSink):
                             storage_options=self._options)
         table = self._load()
         assert table is not None
+        before = table.version()
         on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
         (table.merge(source, predicate=f"{on} AND t.is_current AND s.__h = 'close'", source_alias="s",
                      target_alias="t", merge_schema=True, writer_properties=self._writer,
@@ -208,6 +231,8 @@ class DeltaRsSink(TableSink):
          .when_matched_update({"valid_to": "s.__at", "is_current": "false"})
          .when_not_matched_insert({c: _col("s", c) for c in columns}, predicate="s.__h = 'open'")
          .execute())
+        if table.version() != before:
+            self._committed(app_id, table.version(), version)
 
     def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
         table = self._load()
