@@ -59,8 +59,9 @@ class DeltaRsSink(TableSink):
         self._options = storage_options
         self._table: DeltaTable | None = None
         # app id -> (a table version, the app's transaction version there). delta-rs reads an app's transaction by
-        # replaying every commit since the last checkpoint (up to 100 GETs on S3) at each call; only the app's own
-        # commits move it, and each of those is recorded here as it succeeds.
+        # replaying every commit since the last checkpoint (up to 100 GETs on S3) at each call. This sink records
+        # its own commits as they succeed; any other commit (another writer, the delta-spark subclass) moves the
+        # table past the recorded version, and the next check reads the log again.
         self._txns: dict[str, tuple[int, int | None]] = {}
         self._writer = WriterProperties(
             column_properties={c: ColumnProperties(dictionary_enabled=False) for c in unique_columns}

@@ -170,11 +170,12 @@ def _after_deletes(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
     """
     rows = np.arange(data.num_rows)
     kinds = data.column(KIND).take(order)
-    is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False) for kind in ("delete", "update", "insert")}
+    is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False)
+           for kind in ("delete", "update", "insert", "upsert")}
     start = np.maximum.accumulate(np.where(new_key, rows, 0))
     last_delete = np.maximum.accumulate(np.where(is_["delete"], rows, -1))
     last_delete = np.where(last_delete >= start, last_delete, -1)  # only a delete of the row's own key
-    creates = np.cumsum(is_["insert"] | pc.equal(kinds, "upsert").to_numpy(zero_copy_only=False))
+    creates = np.cumsum(is_["insert"] | is_["upsert"])
     # An update with a delete of its key before it and no create between: the key is absent.
     absent = is_["update"] & (last_delete >= 0) & (creates == creates[np.maximum(last_delete, 0)])
     winners = rows[np.append(new_key[1:], True)]
