@@ -59,6 +59,31 @@ def s3a_conf(bucket: str, options: dict[str, str]) -> dict[str, str]:
     return {f"fs.s3a.bucket.{bucket}.{key}": value for key, value in conf.items()}
 
 
+def _set_write_confs(session: SparkSession) -> None:
+    """The SQL confs of a writer's session. Delta's own are set once its `DeltaSQLConf` object has loaded:
+    Spark registers a conf in two tables, one after the other, as it loads, and a `conf.set` of one of its keys
+    from another thread in between fails with CANNOT_MODIFY_CONFIG (seen once: an entity's sinks were made while
+    the warm-up's thread loaded Delta). Touching the object returns once it has loaded, whichever thread loads
+    it: the JVM initialises a class once, under a lock."""
+    context = session.sparkContext
+    assert context._jvm is not None
+    context._jvm.org.apache.spark.sql.delta.sources.DeltaSQLConf.DELTA_SNAPSHOT_PARTITIONS()
+    # Timestamps as Parquet's TIMESTAMP(MICROS, UTC), as delta-rs writes them; Spark's default is INT96, which
+    # Arrow reads back without a time zone.
+    session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    # Delta rebuilds a table's state with a Spark job of 50 partitions by default: on the 2 cores measured a
+    # commit of task-written files took 3.2-5.4 s, with as many partitions as cores 1.2-1.5 s (and a MERGE of
+    # 10k changes into 800k rows 3.5 s instead of 7.8 s). A value set in `spark.conf` is kept.
+    if not context.getConf().contains(_SNAPSHOT_PARTITIONS):
+        session.conf.set(_SNAPSHOT_PARTITIONS, str(context.defaultParallelism))
+    # After each commit Delta writes a checksum file (.crc) of the table's state, by a Spark job: a commit of
+    # task files took 0.57-1.0 s with it and 0.15-0.19 s without (median of 14, 2 cores). It is optional in
+    # the protocol, delta-rs writes none (a table both continue would have them only here and there), and
+    # readers do without. A value set in `spark.conf` is kept.
+    if not context.getConf().contains(_CHECKSUM):
+        session.conf.set(_CHECKSUM, "false")
+
+
 def _col(alias: str, name: str) -> str:
     return f"{alias}.`{name.replace('`', '``')}`"
 
@@ -72,20 +97,7 @@ class DeltaSparkSink(DeltaRsSink):
         # A session of its own: a commit's transaction and metadata are SQL confs of the session that commits, and
         # entities commit from threads of their own.
         self._spark = spark.newSession()
-        # Timestamps as Parquet's TIMESTAMP(MICROS, UTC), as delta-rs writes them; Spark's default is INT96, which
-        # Arrow reads back without a time zone.
-        self._spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        # Delta rebuilds a table's state with a Spark job of 50 partitions by default: on the 2 cores measured a
-        # commit of task-written files took 3.2-5.4 s, with as many partitions as cores 1.2-1.5 s (and a MERGE of
-        # 10k changes into 800k rows 3.5 s instead of 7.8 s). A value set in `spark.conf` is kept.
-        if not spark.sparkContext.getConf().contains(_SNAPSHOT_PARTITIONS):
-            self._spark.conf.set(_SNAPSHOT_PARTITIONS, str(spark.sparkContext.defaultParallelism))
-        # After each commit Delta writes a checksum file (.crc) of the table's state, by a Spark job: a commit of
-        # task files took 0.57-1.0 s with it and 0.15-0.19 s without (median of 14, 2 cores). It is optional in
-        # the protocol, delta-rs writes none (a table both continue would have them only here and there), and
-        # readers do without. A value set in `spark.conf` is kept.
-        if not spark.sparkContext.getConf().contains(_CHECKSUM):
-            self._spark.conf.set(_CHECKSUM, "false")
+        _set_write_confs(self._spark)
         self._path = self.uri
         if self.uri.startswith("s3://"):  # Hadoop's S3 client, told this bucket's endpoint and credentials
             self._path = "s3a://" + self.uri.removeprefix("s3://")
