@@ -8,8 +8,9 @@ process of the daemon's session (and of its intake's) is read and sorted by kind
 
 * driver: the daemon's Python process;
 * driver_jvm: Spark's JVM (driver, and in local mode the executor too);
-* python_workers: Python processes under the JVM (pyspark.daemon and its workers: the streaming sources' runners
-  and the tasks);
+* python_workers: Python processes under the JVM (pyspark.daemon and its workers, which run the tasks; on a local
+  master, the launchers that stand in for the streaming sources' runners);
+* runners: the fork server and the streaming sources' runners it forked (daemon/ops/fork_server.py);
 * intake: the push intake process;
 * other: anything else in the session.
 
@@ -57,7 +58,7 @@ from ingest_files import LAKEFEED, wait_ready
 
 GOAL_MIB = 1536
 SMOKE = {"entities": 2, "seconds": 8.0, "sample_every": 1.0, "timeout": 300.0}
-KINDS = ("driver", "driver_jvm", "python_workers", "intake", "other")
+KINDS = ("driver", "driver_jvm", "python_workers", "runners", "intake", "other")
 TOKEN = "bench-memory-token"
 ROWS = 20  # per landed file and per push
 
@@ -108,6 +109,8 @@ def _kind(proc: Process, procs: dict[int, Process], session: int) -> str:
         return "driver"
     if b"lakefeed.intake.process" in proc.cmdline:
         return "intake"
+    if b"lakefeed.ops.fork_server" in proc.cmdline:
+        return "runners"
     if _is_java(proc):
         return "driver_jvm"
     return "python_workers" if descends_from(proc.pid, procs, _is_java) else "other"

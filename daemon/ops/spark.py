@@ -22,7 +22,7 @@ from lakefeed.connectors.sources.kafka_source import KafkaDataSource
 from lakefeed.connectors.streams.inbox_stream import InboxDataSource
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
-from lakefeed.ops import class_archive, jars, spark_home
+from lakefeed.ops import class_archive, fork_server, jars, spark_home
 
 Job = TypeVar("Job")
 Out = TypeVar("Out")
@@ -64,9 +64,14 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     """`packages`: Maven packages (daemon/ops/jars.py) to load from the jar cache, e.g. ("delta",)."""
     java_version = check_java()
     spark_home.use()
-    # Workers must run this interpreter (the one with pyspark and lakefeed), not the system python3.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark's Python processes must run this interpreter (the one with pyspark and lakefeed), not the system python3.
+    # On a local master, through the fork server's launcher (daemon/ops/fork_server.py): the processes that serve only
+    # the driver are forked, sharing what they import. The JVM starts its data source lookup with
+    # PYSPARK_DRIVER_PYTHON, the others with PYSPARK_PYTHON.
+    unset = [name for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON") if name not in os.environ]
+    python = str(fork_server.start()) if unset and cfg.master.startswith("local") else sys.executable
+    for name in unset:
+        os.environ[name] = python
     if cfg.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)

@@ -1,0 +1,229 @@
+"""The fork server and its launcher (daemon/ops/fork_server.py, daemon/ops/fork_launcher.py), with real processes.
+
+The routed process here is Spark's own daemon of a data source planner (`-m pyspark.daemon
+pyspark.sql.worker.lookup_data_sources`): without a JVM it binds its socket, writes where to the stdout it was
+given, and waits on its stdin, so what the launcher hands over (streams, environment, exit status, signals) shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from lakefeed.config import model as config
+from lakefeed.ops import fork_launcher, fork_server
+from lakefeed.ops.metrics import Metrics
+from lakefeed.ops.runner import EntityRunner
+from tests.conftest import land, wait_for, write_config
+
+PLANNER = ["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]
+
+
+@pytest.fixture
+def forks():
+    runtime = Path(tempfile.mkdtemp(prefix="lf-fork-"))  # a Unix socket's path has at most 107 bytes
+    wrapper, server = fork_server.launch(runtime)
+    yield wrapper, server
+    if server.stdin and not server.stdin.closed:
+        server.stdin.close()
+    server.wait(timeout=30)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+def _catches(pid: int, signum: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+def _planner(wrapper: Path, sock_dir: Path) -> tuple[subprocess.Popen, str]:
+    """The planner's daemon started through `wrapper`, and the socket path it wrote to its stdout."""
+    env = {**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true", "PYTHON_WORKER_FACTORY_SOCK_DIR": str(sock_dir)}
+    proc = subprocess.Popen([str(wrapper), *PLANNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    size = struct.unpack("!i", proc.stdout.read(4))[0]
+    return proc, proc.stdout.read(size).decode()
+
+
+def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_status(forks, tmp_path):
+    wrapper, server = forks
+    launcher, path = _planner(wrapper, tmp_path)
+    assert Path(path).parent == tmp_path  # the environment reached it; its stdout was the launcher's
+    forked = wait_for(lambda: _children(server.pid), 30, what="the server's child")
+    assert len(forked) == 1 and forked[0] != launcher.pid
+    assert b"lakefeed.ops.fork_server" in Path(f"/proc/{forked[0]}/cmdline").read_bytes()
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(path)  # the child listens where it said
+    launcher.stdin.close()  # Spark's way of telling the planner's daemon to end
+    native = subprocess.run([sys.executable, *PLANNER], input=b"", capture_output=True, timeout=60, check=False,
+                            env={**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true",
+                                 "PYTHON_WORKER_FACTORY_SOCK_DIR": str(tmp_path)})
+    assert launcher.wait(timeout=30) == native.returncode  # the status the interpreter itself ends with
+    wait_for(lambda: not _alive(forked[0]), 30, what="the child reaped")
+
+
+def test_a_child_killed_by_a_signal_ends_its_launcher_by_that_signal(forks, tmp_path):
+    wrapper, server = forks
+    launcher, _ = _planner(wrapper, tmp_path)
+    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    os.kill(child, signal.SIGKILL)
+    assert launcher.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_signal_to_the_launcher_reaches_the_child_and_its_status_comes_back(forks, tmp_path):
+    wrapper, server = forks
+    launcher, _ = _planner(wrapper, tmp_path)
+    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    wait_for(lambda: _catches(child, signal.SIGTERM), 30, what="the daemon's SIGTERM handler")  # set after its port
+    launcher.send_signal(signal.SIGTERM)  # Spark's destroy(): forwarded, the daemon's handler exits 1
+    assert launcher.wait(timeout=30) == 1  # not -SIGTERM: the launcher itself lived on until the child ended
+    wait_for(lambda: not _alive(child), 30, what="the child gone")
+
+
+def test_a_launcher_killed_outright_takes_its_child_along(forks, tmp_path):
+    wrapper, server = forks
+    launcher, _ = _planner(wrapper, tmp_path)
+    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    launcher.kill()
+    launcher.wait(timeout=30)
+    wait_for(lambda: not _alive(child), 30, what="the orphaned child killed")
+    again, path = _planner(wrapper, tmp_path)  # and the server serves on
+    assert Path(path).parent == tmp_path
+    again.stdin.close()
+    assert again.wait(timeout=30) == 1
+
+
+def test_the_server_ends_with_the_daemon_and_takes_its_children(forks, tmp_path):
+    wrapper, server = forks
+    launcher, _ = _planner(wrapper, tmp_path)
+    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    server.stdin.close()  # what the daemon's exit, however it comes, does to the pipe
+    assert server.wait(timeout=30) == 0
+    wait_for(lambda: not _alive(child), 30, what="the child killed")
+    assert launcher.wait(timeout=30) != 0  # nothing left to stand in for
+
+
+def test_with_the_server_gone_the_launcher_runs_the_module_itself(forks, tmp_path):
+    wrapper, server = forks
+    server.stdin.close()
+    server.wait(timeout=30)
+    launcher, path = _planner(wrapper, tmp_path)
+    assert Path(path).parent == tmp_path
+    assert b"pyspark.daemon" in Path(f"/proc/{launcher.pid}/cmdline").read_bytes()  # exec'd in place
+    launcher.stdin.close()
+    assert launcher.wait(timeout=30) == 1
+
+
+def test_anything_not_routed_is_the_interpreter_itself(forks):
+    wrapper, _ = forks
+    done = subprocess.run([str(wrapper), "-c", "import sys; print(sys.executable); sys.exit(3)"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (3, sys.executable)
+    assert fork_launcher.routed(["-m", "pyspark.sql.streaming.python_streaming_source_runner"])
+    assert fork_launcher.routed(PLANNER)
+    assert fork_launcher.routed(["-m", "pyspark.sql.worker.plan_data_source_read"])
+    assert not fork_launcher.routed(["-m", "pyspark.daemon"])  # the tasks' daemon: an executor's own
+    assert not fork_launcher.routed(["-m", "pyspark.daemon", "pyspark.worker"])
+    assert not fork_launcher.routed(["-c", "pyspark.sql.worker.x"])
+
+
+def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
+    wrapper, server = forks
+    sock_path = str(wrapper.parent / "fork.sock")
+    r, w = os.pipe()
+    try:
+        def with_fds(header: bytes, payload: bytes = b"") -> Callable[[socket.socket], None]:
+            def send(client: socket.socket) -> None:
+                client.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", r, w, r))])
+                client.sendall(payload)
+            return send
+
+        attempts = [
+            lambda client: client.sendall(struct.pack("!I", 16)),  # a length, no descriptors
+            with_fds(struct.pack("!I", 4), b"junk"),  # no count of arguments
+            with_fds(struct.pack("!I", 8), b"/\x002\x00-c\x00x"),  # not a module to run
+            with_fds(struct.pack("!I", 1 << 16)),  # a length, then it hangs up
+        ]
+        for attempt in attempts:
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(sock_path)
+                attempt(client)
+                client.shutdown(socket.SHUT_WR)
+                assert client.recv(4) == b""  # refused: no child
+        assert _children(server.pid) == []
+    finally:
+        os.close(r)
+        os.close(w)
+    launcher, path = _planner(wrapper, tmp_path)
+    assert Path(path).parent == tmp_path
+    launcher.stdin.close()
+    assert launcher.wait(timeout=30) == 1
+
+
+def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark, tmp_path):
+    """In the suite's own session (daemon/ops/spark.py set PYSPARK_PYTHON to the wrapper): an entity's file source
+    runs, its runner is a fork of this process's fork server, and the rows land as they did before."""
+    assert os.environ["PYSPARK_PYTHON"] == str(fork_server.start())
+    servers = [pid for pid in _children(os.getpid())
+               if b"lakefeed.ops.fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(servers) == 1
+    before = set(_children(servers[0]))
+    cfg = config.load(write_config(tmp_path))
+    runner = EntityRunner(spark, cfg.entities[0], cfg.spark.trigger_interval_s, (cfg.lake_dir, cfg.state_dir),
+                          Metrics())
+    try:
+        runner.start()
+        land(cfg.entities[0].source.path / "sales/2024/01/a.csv", "id,amount\n1,1.5\n2,2.5\n")
+        wait_for(lambda: _rows(cfg.entities[0].table) == 2, what="2 rows in the table")
+        launchers = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit()
+                     and b"fork_launcher.py" in _cmdline(pid) and b"python_streaming_source_runner" in _cmdline(pid)]
+        assert launchers, "no runner was started through the launcher"
+        assert set(_children(servers[0])) - before, "the fork server forked no runner"
+    finally:
+        runner.stop_intake()
+        runner.stop(time.monotonic() + 30)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _rows(uri: Path) -> int:
+    try:
+        return DeltaTable(str(uri)).to_pyarrow_table().num_rows
+    except Exception:  # noqa: BLE001 - not there yet
+        return 0
