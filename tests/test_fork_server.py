@@ -34,8 +34,8 @@ PLANNER = ["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]
 @pytest.fixture
 def forks():
     runtime = Path(tempfile.mkdtemp(prefix="lf-fork-"))  # a Unix socket's path has at most 107 bytes
-    wrapper, server = fork_server.launch(runtime)
-    yield wrapper, server
+    wrappers, server = fork_server.launch(runtime)
+    yield wrappers["driver"], server
     if server.stdin and not server.stdin.closed:
         server.stdin.close()
     server.wait(timeout=30)
@@ -150,12 +150,15 @@ def test_anything_not_routed_is_the_interpreter_itself(forks):
     done = subprocess.run([str(wrapper), "-c", "import sys; print(sys.executable); sys.exit(3)"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stdout.strip()) == (3, sys.executable)
-    assert fork_launcher.routed(["-m", "pyspark.sql.streaming.python_streaming_source_runner"])
-    assert fork_launcher.routed(PLANNER)
-    assert fork_launcher.routed(["-m", "pyspark.sql.worker.plan_data_source_read"])
-    assert not fork_launcher.routed(["-m", "pyspark.daemon"])  # the tasks' daemon: an executor's own
-    assert not fork_launcher.routed(["-m", "pyspark.daemon", "pyspark.worker"])
-    assert not fork_launcher.routed(["-c", "pyspark.sql.worker.x"])
+    for tasks in (False, True):
+        assert fork_launcher.routed(["-m", "pyspark.sql.streaming.python_streaming_source_runner"], tasks)
+        assert fork_launcher.routed(PLANNER, tasks)
+        assert fork_launcher.routed(["-m", "pyspark.sql.worker.plan_data_source_read"], tasks)
+        assert not fork_launcher.routed(["-c", "pyspark.sql.worker.x"], tasks)
+        assert not fork_launcher.routed(["-m", "pyspark.daemon", "my.worker"], tasks)
+        # the tasks' daemon: only where the executor is the driver's own JVM (local[N])
+        assert fork_launcher.routed(["-m", "pyspark.daemon"], tasks) is tasks
+        assert fork_launcher.routed(["-m", "pyspark.daemon", "pyspark.worker"], tasks) is tasks
 
 
 def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
@@ -193,8 +196,10 @@ def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
 
 def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark, tmp_path):
     """In the suite's own session (daemon/ops/spark.py set PYSPARK_PYTHON to the wrapper): an entity's file source
-    runs, its runner is a fork of this process's fork server, and the rows land as they did before."""
-    assert os.environ["PYSPARK_PYTHON"] == str(fork_server.start())
+    runs, its runner is a fork of this process's fork server, and the rows land as they did before. On local[N],
+    the tasks' daemon is forked too; on local-cluster it is the executors' own."""
+    master = spark.sparkContext.master
+    assert os.environ["PYSPARK_PYTHON"] == str(fork_server.start(master))
     servers = [pid for pid in _children(os.getpid())
                if b"lakefeed.ops.fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(servers) == 1
@@ -210,9 +215,37 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
                      and b"fork_launcher.py" in _cmdline(pid) and b"python_streaming_source_runner" in _cmdline(pid)]
         assert launchers, "no runner was started through the launcher"
         assert set(_children(servers[0])) - before, "the fork server forked no runner"
+        routed, unrouted = _task_daemons(os.getpid())
+        if master.startswith("local-cluster"):
+            assert (routed, unrouted > 0) == (0, True)
+        else:
+            assert (routed > 0, unrouted) == (True, 0)
     finally:
         runner.stop_intake()
         runner.stop(time.monotonic() + 30)
+
+
+def _task_daemons(root: int) -> tuple[int, int]:
+    """Under `root`: the tasks' daemons (`-m pyspark.daemon [pyspark.worker]`) started through a launcher that
+    forked them, and those started as the interpreter itself."""
+    routed = unrouted = 0
+    for pid in _descendants(root):
+        args = _cmdline(Path(f"/proc/{pid}")).rstrip(b"\0").split(b"\0")
+        if args[-2:] == [b"-m", b"pyspark.daemon"] or args[-3:] == [b"-m", b"pyspark.daemon", b"pyspark.worker"]:
+            if any(arg.endswith(b"fork_launcher.py") for arg in args):
+                routed += 1
+            elif args[0] == sys.executable.encode():
+                unrouted += 1
+    return routed, unrouted
+
+
+def _descendants(root: int) -> list[int]:
+    found, frontier = [], [root]
+    while frontier:
+        children = _children(frontier.pop())
+        found += children
+        frontier += children
+    return found
 
 
 def _cmdline(proc: Path) -> bytes:
@@ -227,3 +260,13 @@ def _rows(uri: Path) -> int:
         return DeltaTable(str(uri)).to_pyarrow_table().num_rows
     except Exception:  # noqa: BLE001 - not there yet
         return 0
+
+
+def test_a_wrapper_is_known_as_one_wherever_it_came_from(spark):
+    """A daemon started by another lakefeed process inherits its PYSPARK_PYTHON: daemon/ops/spark.py must tell that
+    it is a wrapper (of a server that is not its own) to replace it."""
+    ours = fork_server.start(spark.sparkContext.master)
+    assert fork_server.is_wrapper(str(ours))
+    assert fork_server.is_wrapper(f"/tmp/{fork_server.RUNTIME_PREFIX}abc123/python-local")  # another process's
+    assert not fork_server.is_wrapper(sys.executable)
+    assert not fork_server.is_wrapper(str(ours.parent / "fork.sock"))

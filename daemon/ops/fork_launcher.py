@@ -1,14 +1,15 @@
-"""The Python that Spark starts, on local masters: a Python process that only serves the driver (a streaming
-source's runner, a daemon of Spark's data source planners) is forked by lakefeed's fork server
-(daemon/ops/fork_server.py) rather than started afresh; anything else is the interpreter itself.
+"""The Python that Spark starts, on local masters: a Python process that serves the driver (a streaming source's
+runner, a daemon of Spark's data source planners; on a local[N] master the tasks' daemon too) is forked by lakefeed's
+fork server (daemon/ops/fork_server.py) rather than started afresh; anything else is the interpreter itself.
 
-Run as `python -I -S fork_launcher.py <server socket> <python> <python's arguments...>` by the wrapper that
-PYSPARK_PYTHON names. It imports only the interpreter's built-in modules (_socket, _signal: the `socket` and `signal`
-modules would double its memory), since one stays for each runner. For a routed process it hands its standard
-streams, environment, working folder and arguments to the fork server, which forks a child from a process that has
-imported pyspark, pyarrow and lakefeed's sources already. It then stands in for that child, as the process Spark
-started and will stop: signals it gets go to the child, and it ends with the child's exit status. When the fork
-server cannot be reached, it runs the module itself, as Spark meant to.
+Run as `python -I -S fork_launcher.py <server socket> <python> <scope> <python's arguments...>` by the wrapper
+that PYSPARK_PYTHON names; scope `local` (a local[N] master) routes the tasks' daemon as well, `driver` does not.
+It imports only the interpreter's built-in modules (_socket, _signal: the `socket` and `signal` modules would double
+its memory), since one stays for each runner. For a routed process it hands its standard streams, environment,
+working folder and arguments to the fork server, which forks a child from a process that has imported pyspark,
+pyarrow and lakefeed's sources and tasks already. It then stands in for that child, as the process Spark started
+and will stop: signals it gets go to the child, and it ends with the child's exit status. When the fork server
+cannot be reached, it runs the module itself, as Spark meant to.
 """
 
 import _signal
@@ -17,17 +18,21 @@ import os
 import sys
 
 # Spark's one-process Python workers on the driver: each streaming source's runner (for the query's life) and the
-# one-call planners. The tasks' daemon (`-m pyspark.daemon` alone, or pyspark.worker) may run on an executor, which
-# must own its processes, and is left alone; the daemons of the data source planners run on the driver.
+# one-call planners; the daemons of the data source planners run on the driver too. The tasks' daemon (`-m
+# pyspark.daemon` alone, or with pyspark.worker) is routed on a local[N] master only: on any other, it is an
+# executor's, whose processes must be its own.
 ROUTED = ("pyspark.sql.streaming.python_streaming_source_runner", "pyspark.sql.worker.")
 FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
 
 
-def routed(args: list) -> bool:
+def routed(args: list, tasks: bool) -> bool:
+    """Whether `python <args>` is forked; `tasks`: the tasks' daemon too (a local[N] master, whose executor is the
+    driver's own JVM)."""
     if len(args) < 2 or args[0] != "-m":
         return False
     if args[1] == "pyspark.daemon":
-        return len(args) > 2 and args[2].startswith("pyspark.sql.worker.")
+        return (len(args) > 2 and args[2].startswith("pyspark.sql.worker.")) or \
+            (tasks and args[2:] in ([], ["pyspark.worker"]))
     return args[1].startswith(ROUTED)
 
 
@@ -110,8 +115,8 @@ def _stand_in(sock: "_socket.socket", pid: int) -> int:
 
 
 def main(argv: list) -> None:
-    sock_path, python, args = argv[1], argv[2], argv[3:]
-    if routed(args):
+    sock_path, python, scope, args = argv[1], argv[2], argv[3], argv[4:]
+    if routed(args, tasks=scope == "local"):
         forwarder = _Forwarder()
         child = _forked(sock_path, args)
         if child is not None:

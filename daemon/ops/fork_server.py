@@ -1,20 +1,19 @@
-"""One process that has imported what the streaming sources' runners import, and forks a runner for each launcher
-(daemon/ops/fork_launcher.py) that asks: the runners share those pages instead of each holding its own copy.
+"""One process that has imported what Spark's driver-side Python processes import, and forks one for each launcher
+(daemon/ops/fork_launcher.py) that asks: they share those pages instead of each holding its own copy.
 
 Why: Spark starts one Python process per streaming source for the query's life (`python -m
-pyspark.sql.streaming.python_streaming_source_runner`), two for each entity with a file and a push source. Started
-afresh, each held about 38 MiB of imports (pyspark, pyarrow, lakefeed's sources) before any work; forked from a
-process that had imported them, 8 MiB (docs/architecture.md, "Memory").
+pyspark.sql.streaming.python_streaming_source_runner`), two for each entity with a file and a push source, and a
+daemon for each kind of data source planning. Started afresh, each held its own copy of pyspark, pyarrow and
+lakefeed's sources (docs/architecture.md, "Spark's driver-side Python processes are forked").
 
-How: on local masters the session (daemon/ops/spark.py) calls `start()`, which binds a Unix socket, starts this
-module's `serve` with it, and returns a wrapper script to be PYSPARK_PYTHON. Spark runs that wrapper for every Python
-process; the launcher it runs passes anything but the runners (and Spark's other one-call planners) to the
-interpreter itself. For a runner, the launcher sends its standard streams, environment, working folder and
+How: on local masters the session (daemon/ops/spark.py) calls `start()`, which binds a Unix socket in a private
+folder, starts this module's `serve` with it, and returns a wrapper script to be PYSPARK_PYTHON. Spark runs that
+wrapper for every Python process; the launcher it runs passes what it does not route (fork_launcher.routed) to the
+interpreter itself. For a routed one, the launcher sends its standard streams, environment, working folder and
 arguments; the server forks, the child takes them on and runs the module as `python -m` would. The server reaps the
 child and sends its exit status to the launcher, which Spark waits on; if the launcher dies first (Spark stops it
 forcibly), the server kills the child. The server ends with the daemon: its standard input is a pipe the daemon
-holds, and at its end (the daemon exited, however) it kills what it forked and exits.
-"""
+holds, and at its end (the daemon exited, however) it kills what it forked and exits."""
 
 from __future__ import annotations
 
@@ -39,10 +38,13 @@ from lakefeed import log
 
 _log = log.get(__name__)
 
-# What a runner imports before its first call: Spark's runner module and the data sources lakefeed registers.
+# What the forked processes import: Spark's runner, planners and worker modules, the data sources lakefeed registers
+# and the tasks' code (which a local[N] master's task workers import at their first task).
 PRELOAD = (
     "pyspark.sql.streaming.python_streaming_source_runner",
     "pyspark.daemon",
+    "pyspark.worker",
+    "lakefeed.pipeline.tasks",
     "pyspark.sql.worker.plan_data_source_read",
     "pyspark.sql.worker.create_data_source",
     "pyspark.sql.worker.lookup_data_sources",
@@ -52,26 +54,35 @@ PRELOAD = (
 )
 LAUNCHER = Path(__file__).with_name("fork_launcher.py")
 REQUEST_TIMEOUT_S = 10.0
+RUNTIME_PREFIX = "lakefeed-py-"
+SCOPES = ("driver", "local")
 _FD_SIZE = array.array("i").itemsize
 
-_started: Path | None = None
+_started: dict[str, Path] = {}
 
 
-def start() -> Path:
-    """The wrapper to use as PYSPARK_PYTHON, with this process's fork server started (once per process)."""
-    global _started  # noqa: PLW0603 - one server per process, whatever number of sessions it makes
-    if _started is None:
-        runtime = Path(tempfile.mkdtemp(prefix="lakefeed-py-"))
-        wrapper, server = launch(runtime)
+def start(master: str) -> Path:
+    """The wrapper to use as PYSPARK_PYTHON for a session on local `master` (local[N] or local-cluster), with this
+    process's fork server started (once per process, whatever number of sessions it makes)."""
+    if not _started:
+        runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
+        wrappers, server = launch(runtime)
         atexit.register(_stop, server, runtime)
-        _log.info("fork_server.started", pid=server.pid, python=str(wrapper))
-        _started = wrapper
-    return _started
+        _log.info("fork_server.started", pid=server.pid, runtime=str(runtime))
+        _started.update(wrappers)
+    return _started["driver" if master.startswith("local-cluster") else "local"]
 
 
-def launch(runtime: Path) -> tuple[Path, subprocess.Popen]:
-    """A fork server listening in `runtime`, and the wrapper script there that runs Spark's Python through it. The
-    server runs until its standard input (`.stdin` of the Popen) is closed."""
+def is_wrapper(python: str) -> bool:
+    """Whether `python` (a PYSPARK_PYTHON) is a wrapper `launch` wrote, in this process or another."""
+    path = Path(python)
+    return path.parent.name.startswith(RUNTIME_PREFIX) and path.name in (f"python-{scope}" for scope in SCOPES)
+
+
+def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
+    """A fork server listening in `runtime`, and the wrapper scripts there that run Spark's Python through it, by
+    scope: `driver` forks the Python processes that serve the driver, `local` the tasks' daemon as well (for a
+    local[N] master). The server runs until its standard input (`.stdin` of the Popen) is closed."""
     sock_path = runtime / "fork.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock_path))
@@ -79,14 +90,20 @@ def launch(runtime: Path) -> tuple[Path, subprocess.Popen]:
     # The socket is bound before the server starts, so a launcher that comes first waits in its backlog.
     server = subprocess.Popen(  # noqa: S603 - this interpreter, this module
         [sys.executable, "-m", __name__, str(listener.fileno())], stdin=subprocess.PIPE,
-        pass_fds=(listener.fileno(),), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        pass_fds=(listener.fileno(),),
+        # As Spark starts its Python processes: unbuffered, and with one hash seed (str hashes agree across workers).
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")})
     listener.close()
-    wrapper = runtime / "python"
     python = shlex.quote(sys.executable)
-    command = f"{python} -I -S {shlex.quote(str(LAUNCHER))} {shlex.quote(str(sock_path))} {python}"
-    wrapper.write_text(f'#!/bin/sh\n# lakefeed: Spark\'s Python (daemon/ops/fork_launcher.py)\nexec {command} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper, server
+    wrappers = {}
+    for scope in SCOPES:
+        wrapper = runtime / f"python-{scope}"
+        command = f"{python} -I -S {shlex.quote(str(LAUNCHER))} {shlex.quote(str(sock_path))} {python} {scope}"
+        script = f'#!/bin/sh\n# lakefeed: Spark\'s Python (daemon/ops/fork_launcher.py)\nexec {command} "$@"\n'
+        wrapper.write_text(script, encoding="utf-8")
+        wrapper.chmod(0o755)
+        wrappers[scope] = wrapper
+    return wrappers, server
 
 
 def _stop(server: subprocess.Popen, runtime: Path) -> None:
@@ -136,6 +153,7 @@ class _Server:
             return
         conn.settimeout(REQUEST_TIMEOUT_S)
         fds: list[int] = []
+        pid = 0
         try:
             request, fds = _request(conn)
             pid = os.fork()
@@ -145,6 +163,8 @@ class _Server:
         except Exception as exc:  # noqa: BLE001 - no request may stop the server
             _log.warning("fork_server.request_refused", error=repr(exc))
             conn.close()
+            if pid:  # forked for a launcher that has gone: nobody would stop the child
+                _kill(pid)
             return
         finally:
             for fd in fds:

@@ -65,13 +65,14 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     java_version = check_java()
     spark_home.use()
     # Spark's Python processes must run this interpreter (the one with pyspark and lakefeed), not the system python3.
-    # On a local master, through the fork server's launcher (daemon/ops/fork_server.py): the processes that serve only
-    # the driver are forked, sharing what they import. The JVM starts its data source lookup with
-    # PYSPARK_DRIVER_PYTHON, the others with PYSPARK_PYTHON.
-    unset = [name for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON") if name not in os.environ]
-    python = str(fork_server.start()) if unset and cfg.master.startswith("local") else sys.executable
-    for name in unset:
-        os.environ[name] = python
+    # On a local master, through the fork server's launcher (daemon/ops/fork_server.py): the processes that serve the
+    # driver are forked, sharing what they import. The JVM starts its data source lookup with PYSPARK_DRIVER_PYTHON,
+    # the others with PYSPARK_PYTHON. A wrapper inherited from another lakefeed process (the one that started this
+    # one) is replaced: its server is that process's.
+    for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        if not os.environ.get(name) or fork_server.is_wrapper(os.environ[name]):
+            os.environ[name] = str(fork_server.start(cfg.master)) if cfg.master.startswith("local") \
+                else sys.executable
     if cfg.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
