@@ -8,9 +8,10 @@ process of the daemon's session (and of its intake's) is read and sorted by kind
 
 * driver: the daemon's Python process;
 * driver_jvm: Spark's JVM (driver, and in local mode the executor too);
-* python_workers: Python processes under the JVM (pyspark.daemon and its workers, which run the tasks; on a local
-  master, the launchers that stand in for the streaming sources' runners);
-* runners: the fork server and the streaming sources' runners it forked (daemon/ops/fork_server.py);
+* python_workers: Python processes under the JVM: on a local master, mostly the launchers that stand in for the
+  processes the fork server forked; on another, pyspark.daemon and its workers too;
+* runners: the fork server (daemon/ops/fork_server.py) and what it forked: the streaming sources' runners, the data
+  source planners' daemons and, on local[N], the tasks' daemon and its workers;
 * intake: the push intake process;
 * other: anything else in the session.
 
