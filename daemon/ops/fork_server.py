@@ -68,7 +68,6 @@ def start(master: str) -> Path:
         runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
         wrappers, server = launch(runtime)
         atexit.register(_stop, server, runtime)
-        _log.info("fork_server.started", pid=server.pid, runtime=str(runtime))
         _started.update(wrappers)
     return _started["driver" if master.startswith("local-cluster") else "local"]
 
@@ -309,6 +308,7 @@ def _kill(pid: int) -> None:
 
 
 def serve(listen_fd: int) -> None:
+    log.configure_once()  # its warnings as JSON lines on stderr, the daemon's
     # Nothing may run beside the one thread at a fork: no OpenBLAS thread pool (numpy), no jemalloc purging thread
     # (pyarrow). Each is read when the library loads, so it holds for the children too.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
