@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 
 from lakefeed import log
+from lakefeed.ops import spark_home
 
 _log = log.get(__name__)
 
@@ -87,11 +88,15 @@ def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
     listener.bind(str(sock_path))
     listener.listen(64)
     # The socket is bound before the server starts, so a launcher that comes first waits in its backlog.
+    # As Spark starts its Python processes: pyspark and py4j from SPARK_HOME's zips first on the path (compiled at
+    # set-up, daemon/ops/spark_home.py), unbuffered, and one hash seed (str hashes agree across workers).
+    lib = Path(os.environ.get("SPARK_HOME") or spark_home.pip_home()) / "python" / "lib"
+    path = [str(lib / "pyspark.zip"), *map(str, sorted(lib.glob("py4j-*-src.zip"))), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path)), "PYTHONUNBUFFERED": "1",
+           "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     server = subprocess.Popen(  # noqa: S603 - this interpreter, this module
         [sys.executable, "-m", __name__, str(listener.fileno())], stdin=subprocess.PIPE,
-        pass_fds=(listener.fileno(),),
-        # As Spark starts its Python processes: unbuffered, and with one hash seed (str hashes agree across workers).
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")})
+        pass_fds=(listener.fileno(),), env=env)
     listener.close()
     python = shlex.quote(sys.executable)
     wrappers = {}
