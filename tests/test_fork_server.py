@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from lakefeed.config import model as config
 from lakefeed.ops import fork_launcher, fork_server
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.runner import EntityRunner
-from tests.conftest import land, wait_for, write_config
+from tests.conftest import alive, children, land, wait_for, write_config
 
 PLANNER = ["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]
 
@@ -40,26 +41,6 @@ def forks():
         server.stdin.close()
     server.wait(timeout=30)
     shutil.rmtree(runtime, ignore_errors=True)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -80,7 +61,7 @@ def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_sta
     wrapper, server = forks
     launcher, path = _planner(wrapper, tmp_path)
     assert Path(path).parent == tmp_path  # the environment reached it; its stdout was the launcher's
-    forked = wait_for(lambda: _children(server.pid), 30, what="the server's child")
+    forked = wait_for(lambda: children(server.pid), 30, what="the server's child")
     assert len(forked) == 1 and forked[0] != launcher.pid
     assert b"lakefeed.ops.fork_server" in Path(f"/proc/{forked[0]}/cmdline").read_bytes()
     with socket.socket(socket.AF_UNIX) as client:
@@ -90,13 +71,13 @@ def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_sta
                             env={**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true",
                                  "PYTHON_WORKER_FACTORY_SOCK_DIR": str(tmp_path)})
     assert launcher.wait(timeout=30) == native.returncode  # the status the interpreter itself ends with
-    wait_for(lambda: not _alive(forked[0]), 30, what="the child reaped")
+    wait_for(lambda: not alive(forked[0]), 30, what="the child reaped")
 
 
 def test_a_child_killed_by_a_signal_ends_its_launcher_by_that_signal(forks, tmp_path):
     wrapper, server = forks
     launcher, _ = _planner(wrapper, tmp_path)
-    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     os.kill(child, signal.SIGKILL)
     assert launcher.wait(timeout=30) == -signal.SIGKILL
 
@@ -104,20 +85,20 @@ def test_a_child_killed_by_a_signal_ends_its_launcher_by_that_signal(forks, tmp_
 def test_a_signal_to_the_launcher_reaches_the_child_and_its_status_comes_back(forks, tmp_path):
     wrapper, server = forks
     launcher, _ = _planner(wrapper, tmp_path)
-    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     wait_for(lambda: _catches(child, signal.SIGTERM), 30, what="the daemon's SIGTERM handler")  # set after its port
     launcher.send_signal(signal.SIGTERM)  # Spark's destroy(): forwarded, the daemon's handler exits 1
     assert launcher.wait(timeout=30) == 1  # not -SIGTERM: the launcher itself lived on until the child ended
-    wait_for(lambda: not _alive(child), 30, what="the child gone")
+    wait_for(lambda: not alive(child), 30, what="the child gone")
 
 
 def test_a_launcher_killed_outright_takes_its_child_along(forks, tmp_path):
     wrapper, server = forks
     launcher, _ = _planner(wrapper, tmp_path)
-    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     launcher.kill()
     launcher.wait(timeout=30)
-    wait_for(lambda: not _alive(child), 30, what="the orphaned child killed")
+    wait_for(lambda: not alive(child), 30, what="the orphaned child killed")
     again, path = _planner(wrapper, tmp_path)  # and the server serves on
     assert Path(path).parent == tmp_path
     again.stdin.close()
@@ -127,10 +108,10 @@ def test_a_launcher_killed_outright_takes_its_child_along(forks, tmp_path):
 def test_the_server_ends_with_the_daemon_and_takes_its_children(forks, tmp_path):
     wrapper, server = forks
     launcher, _ = _planner(wrapper, tmp_path)
-    child = wait_for(lambda: _children(server.pid), 30, what="the server's child")[0]
+    child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     server.stdin.close()  # what the daemon's exit, however it comes, does to the pipe
     assert server.wait(timeout=30) == 0
-    wait_for(lambda: not _alive(child), 30, what="the child killed")
+    wait_for(lambda: not alive(child), 30, what="the child killed")
     assert launcher.wait(timeout=30) != 0  # nothing left to stand in for
 
 
@@ -184,7 +165,7 @@ def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
                 attempt(client)
                 client.shutdown(socket.SHUT_WR)
                 assert client.recv(4) == b""  # refused: no child
-        assert _children(server.pid) == []
+        assert children(server.pid) == []
     finally:
         os.close(r)
         os.close(w)
@@ -200,10 +181,10 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
     the tasks' daemon is forked too; on local-cluster it is the executors' own."""
     master = spark.sparkContext.master
     assert os.environ["PYSPARK_PYTHON"] == str(fork_server.start(master))
-    servers = [pid for pid in _children(os.getpid())
+    servers = [pid for pid in children(os.getpid())
                if b"lakefeed.ops.fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(servers) == 1
-    before = set(_children(servers[0]))
+    before = set(children(servers[0]))
     cfg = config.load(write_config(tmp_path))
     runner = EntityRunner(spark, cfg.entities[0], cfg.spark.trigger_interval_s, (cfg.lake_dir, cfg.state_dir),
                           Metrics())
@@ -214,7 +195,10 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
         launchers = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit()
                      and b"fork_launcher.py" in _cmdline(pid) and b"python_streaming_source_runner" in _cmdline(pid)]
         assert launchers, "no runner was started through the launcher"
-        assert set(_children(servers[0])) - before, "the fork server forked no runner"
+        # What Spark put on the runner's path is on the server's already: its children import nothing anew.
+        spark_path = _environ(launchers[0])["PYTHONPATH"].split(os.pathsep)
+        assert set(spark_path) <= set(_environ(Path(f"/proc/{servers[0]}"))["PYTHONPATH"].split(os.pathsep))
+        assert set(children(servers[0])) - before, "the fork server forked no runner"
         routed, unrouted = _task_daemons(os.getpid())
         if master.startswith("local-cluster"):
             assert (routed, unrouted > 0) == (0, True)
@@ -242,9 +226,9 @@ def _task_daemons(root: int) -> tuple[int, int]:
 def _descendants(root: int) -> list[int]:
     found, frontier = [], [root]
     while frontier:
-        children = _children(frontier.pop())
-        found += children
-        frontier += children
+        found_now = children(frontier.pop())
+        found += found_now
+        frontier += found_now
     return found
 
 
@@ -253,6 +237,11 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _environ(proc: Path) -> dict[str, str]:
+    entries = (proc / "environ").read_bytes().rstrip(b"\0").split(b"\0")
+    return dict(os.fsdecode(entry).partition("=")[::2] for entry in entries)
 
 
 def _rows(uri: Path) -> int:
@@ -270,3 +259,38 @@ def test_a_wrapper_is_known_as_one_wherever_it_came_from(spark):
     assert fork_server.is_wrapper(f"/tmp/{fork_server.RUNTIME_PREFIX}abc123/python-local")  # another process's
     assert not fork_server.is_wrapper(sys.executable)
     assert not fork_server.is_wrapper(str(ours.parent / "fork.sock"))
+
+
+ZIP_IMPORTERS = """
+import importlib, os, sys, zipfile, zipimport
+from lakefeed.ops import fork_server
+archive = sys.argv[1]
+import pkg.sub.mod
+fork_server._share_zip_directories()
+importers = [i for i in sys.path_importer_cache.values() if isinstance(i, zipimport.zipimporter)]
+importlib.invalidate_caches()
+print(len(importers), len({id(i._files) for i in importers}))
+with zipfile.ZipFile(archive, "a") as z:
+    z.writestr("pkg/sub/new.py", "VALUE = 7")
+os.utime(archive, ns=(0, 0))  # another modification time, whatever the clock's resolution
+importlib.invalidate_caches()
+import pkg.sub.new
+print(len({id(i._files) for i in importers}), pkg.sub.new.VALUE)
+"""
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="Python 3.13's importers read the directory when needed")
+def test_a_zips_importers_share_its_directory_until_it_changes(tmp_path):
+    """Each forked runner invalidates the import caches once; before the fix each of the 15 importers of pyspark.zip
+    then read and held its own copy of the directory, 18 MiB written in every child."""
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in ("pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/mod.py"):
+            z.writestr(name, "")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(archive), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", ZIP_IMPORTERS, str(archive)], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    importers, shared, shared_after_change, value = done.stdout.split()
+    assert int(importers) >= 3 and shared == "1"  # the archive's, pkg's and pkg.sub's: one directory
+    assert (shared_after_change, value) == ("1", "7")  # the changed archive read again, once: its new module found

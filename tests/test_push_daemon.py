@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from lakefeed.config import model as config_module
 from lakefeed.intake.push_api import token_hash
 from lakefeed.pipeline.verify import verify
-from tests.conftest import wait_for, write_config, writers_of
+from tests.conftest import alive, wait_for, write_config, writers_of
 from tests.test_daemon_process import Daemon
 
 TOKEN = "t-push"
@@ -174,13 +174,6 @@ def _autogroup(pid: int) -> tuple[str, int] | None:
     return name, int(nice)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(push_daemon):
     tmp_path, config, daemon = push_daemon
     table = tmp_path / "lake" / "events" / "table"
@@ -188,7 +181,7 @@ def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(p
     url = _url(tmp_path)
     # The port is the intake's; the daemon's own routes answer through it, the push route only to POST.
     first = _intake_pid(url)
-    assert first is not None and first != daemon.proc.pid and _alive(first)
+    assert first is not None and first != daemon.proc.pid and alive(first)
     # Acknowledging comes first: the Spark side runs spark.nice (default 10) nicer than the intake, and
     # where the kernel shares the CPU between sessions first (autogroups), the daemon's session is the
     # nicer one and the intake has a session of its own.
@@ -211,7 +204,7 @@ def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(p
     second = _intake_pid(url)
     daemon.signal(signal.SIGKILL)
     assert daemon.wait() == -signal.SIGKILL
-    wait_for(lambda: not _alive(second), 30, 0.1, "the intake to go with its daemon")
+    wait_for(lambda: not alive(second), 30, 0.1, "the intake to go with its daemon")
     daemon.start()  # the spools' writer lock is free again
     _post(_url(tmp_path), [{"id": 5000, "v": "restarted"}])
     wait_for(lambda: 5000 in _ids(table), 60, 0.3, "the record pushed after the restart")

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import zipimport
 from pathlib import Path
 
 from lakefeed import log
@@ -89,9 +90,14 @@ def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
     listener.listen(64)
     # The socket is bound before the server starts, so a launcher that comes first waits in its backlog.
     # As Spark starts its Python processes: pyspark and py4j from SPARK_HOME's zips first on the path (compiled at
-    # set-up, daemon/ops/spark_home.py), unbuffered, and one hash seed (str hashes agree across workers).
-    lib = Path(os.environ.get("SPARK_HOME") or spark_home.pip_home()) / "python" / "lib"
-    path = [str(lib / "pyspark.zip"), *map(str, sorted(lib.glob("py4j-*-src.zip"))), os.environ.get("PYTHONPATH", "")]
+    # set-up, daemon/ops/spark_home.py), then spark-core's jar, unbuffered, and one hash seed (str hashes agree across
+    # workers). With the jar on the server's path, its importer and directory (7 MiB) are read once, here, and
+    # shared; a child that found it only in the PYTHONPATH Spark gave it read them at its first import.
+    home = Path(os.environ.get("SPARK_HOME") or spark_home.pip_home())
+    lib = home / "python" / "lib"
+    path = [str(lib / "pyspark.zip"), *map(str, sorted(lib.glob("py4j-*-src.zip"))),
+            *sorted(os.path.realpath(jar) for jar in home.glob("jars/spark-core_*.jar")),  # as the JVM names it
+            os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path)), "PYTHONUNBUFFERED": "1",
            "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     server = subprocess.Popen(  # noqa: S603 - this interpreter, this module
@@ -320,11 +326,44 @@ def serve(listen_fd: int) -> None:
     os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     for name in PRELOAD:
         importlib.import_module(name)
+    _share_zip_directories()
     gc.collect()
     gc.freeze()  # the collector leaves the preloaded objects alone, so a child does not copy their pages
     listener = socket.socket(fileno=listen_fd)
     listener.setblocking(False)
     _Server(listener).run()
+
+
+def _share_zip_directories() -> None:
+    """Before Python 3.13, `importlib.invalidate_caches()` made each zip importer read its archive's whole directory
+    again and keep its own copy. Every runner calls it once at its start (pyspark.worker_util.setup_spark_files); with
+    pyspark imported from SPARK_HOME's pyspark.zip, the 15 importers of pyspark's packages then held 15 copies of
+    that zip's directory: 18 MiB written in each forked child, which shared none of it. Here an importer re-reads
+    only an archive that changed (its inode, size or modification time) and shares the directory of one that did
+    not, as Python 3.13 does by reading it again only when it is next needed."""
+    if sys.version_info >= (3, 13):
+        return
+    directories = zipimport._zip_directory_cache  # type: ignore[attr-defined]  # stdlib's, shared by importers
+    reread = zipimport.zipimporter.invalidate_caches
+    read_as = {archive: _identity(archive) for archive in directories}
+
+    def invalidate_caches(importer: zipimport.zipimporter) -> None:
+        identity = _identity(importer.archive)
+        if identity is not None and read_as.get(importer.archive) == identity and importer.archive in directories:
+            importer._files = directories[importer.archive]  # type: ignore[attr-defined]
+            return
+        reread(importer)
+        read_as[importer.archive] = identity
+
+    zipimport.zipimporter.invalidate_caches = invalidate_caches  # type: ignore[method-assign]
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 if __name__ == "__main__":
