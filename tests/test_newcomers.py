@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,9 +40,30 @@ def test_spark_log_level_reaches_the_jvm_and_the_configs_own_java_options_come_l
     assert SparkConfig().log_level == "ERROR"
     options = spark.java_options(SparkConfig(log_level="WARN",
                                              conf={"spark.driver.extraJavaOptions": "-Dlakefeed.spark.logLevel=INFO"}))
-    assert options.split() == ["-Xss16m", f"-Dlog4j2.configurationFile={spark.LOG4J2}",
+    assert options.split() == ["-Xss16m", "-XX:+UseSerialGC", "-Xms64m", f"-Dlog4j2.configurationFile={spark.LOG4J2}",
                                "-Dlakefeed.spark.logLevel=WARN", "-Dlakefeed.spark.logLevel=INFO"]
     assert "rootLogger.level = ${sys:lakefeed.spark.logLevel:-ERROR}" in spark.LOG4J2.read_text()
+
+
+COLLECTOR_ON = r"\bUse(Serial|Parallel|G1|Z|Shenandoah|Epsilon)GC\s.*= true"  # -XX:+PrintFlagsFinal's line
+
+
+def test_the_drivers_collector_is_the_serial_one_unless_the_config_names_another():
+    """A JVM given two collectors refuses to start: the config's own wins by replacing ours."""
+    from lakefeed.config.model import SparkConfig
+    from lakefeed.ops import spark
+
+    java = spark.java_binary()
+    assert java is not None
+    for theirs, flag in (("", "UseSerialGC"), ("-XX:+UseG1GC", "UseG1GC"), ("-XX:+UseParallelGC", "UseParallelGC")):
+        options = spark.java_options(SparkConfig(conf={"spark.driver.extraJavaOptions": theirs}))
+        run = subprocess.run([java, *shlex.split(options), "-XX:+PrintFlagsFinal", "-version"], capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr
+        chosen = {line.split()[1] for line in run.stdout.splitlines() if re.search(COLLECTOR_ON, line)}
+        assert chosen == {flag}, (theirs, chosen)
+        heap_start = next(line for line in run.stdout.splitlines() if " InitialHeapSize " in line)
+        assert int(heap_start.split("=")[1].split()[0]) == 64 << 20
 
 
 def test_make_test_names_every_missing_requirement_and_how_to_install_it_and_make_run_needs_only_java(tmp_path):

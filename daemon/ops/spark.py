@@ -39,14 +39,25 @@ DEFAULTS = {
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
 }
+# The driver's heap holds plans, offsets and the Delta log's state, about 140 MB live at 20 entities. The serial
+# collector, from 64 MiB up, keeps it near that: G1 (the default on 2 cores and more) started at 1/64 of the
+# machine's memory (380 MiB on 24 GiB) and grew toward `spark.driver.memory`, and its own structures took 50 MiB
+# more (docs/architecture.md, "The driver JVM's heap").
+COLLECTOR, HEAP_START = "-XX:+UseSerialGC", "-Xms64m"
 # Spark's log4j configuration: its log on stderr at `spark.log_level` from the JVM's start on.
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
+def java_binary() -> str | None:
+    """The `java` Spark's launcher runs: JAVA_HOME's if set, else the one on PATH."""
+    if "JAVA_HOME" in os.environ:
+        return shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin"))
+    return shutil.which("java")
+
+
 def check_java() -> str:
     """Stop with what to do unless Java 17 or newer is there; its `java -version` text."""
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if "JAVA_HOME" in os.environ \
-        else shutil.which("java")
+    java = java_binary()
     if java is None:
         raise TerminalError("Java 17 or newer is required by Spark and none was found: "
                             "install it (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
@@ -93,11 +104,14 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
 
 
 def java_options(cfg: SparkConfig, java_version: str = "") -> str:
-    """The driver JVM's options: lakefeed's (-Xss16m, its log4j configuration at `spark.log_level`, the class
-    archive made at set-up for this `java_version`: daemon/ops/class_archive.py), then those of `spark.conf`, which
-    win where they differ (a JVM takes the last of a repeated option)."""
+    """The driver JVM's options: lakefeed's (-Xss16m, its heap's, its log4j configuration at `spark.log_level`, the
+    class archive made at set-up for this `java_version`: daemon/ops/class_archive.py), then those of `spark.conf`,
+    which win where they differ (a JVM takes the last of a repeated option). Our collector only if theirs name none:
+    a JVM refuses two."""
     theirs = cfg.conf.get("spark.driver.extraJavaOptions", "")
-    ours = [DEFAULTS["spark.driver.extraJavaOptions"], f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
+    collector = "" if re.search(r"-XX:\+Use(Serial|Parallel|G1|Z|Shenandoah|Epsilon)GC\b", theirs) else COLLECTOR
+    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START,
+            f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
             f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
     return " ".join(option for option in [*ours, theirs] if option).strip()
 
