@@ -66,6 +66,16 @@ def test_the_drivers_collector_is_the_serial_one_unless_the_config_names_another
         assert int(heap_start.split("=")[1].split()[0]) == 64 << 20
 
 
+def test_the_session_keeps_a_short_history_of_finished_jobs(spark):
+    """A daemon's session runs jobs for months: the status store keeps the last 50, not Spark's 1,000."""
+    context = spark.sparkContext
+    for _ in range(60):
+        context.parallelize([1], 1).count()
+    kept = context.statusTracker().getJobIdsForGroup(None)
+    assert 0 < len(kept) <= 50, len(kept)
+    assert context.getConf().get("spark.sql.ui.retainedExecutions") == "50"
+
+
 def test_make_test_names_every_missing_requirement_and_how_to_install_it_and_make_run_needs_only_java(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     make = shutil.which("make")

@@ -38,6 +38,14 @@ DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
+    # What Spark keeps of finished work for its UI (off by default here) and its status API, capped for a daemon
+    # that runs for months with a query per stream: by default 1,000 jobs, stages and SQL executions with their
+    # plans, 100,000 tasks and 100 progress reports a query, all in the driver's heap.
+    "spark.ui.retainedJobs": "50",
+    "spark.ui.retainedStages": "50",
+    "spark.ui.retainedTasks": "1000",
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.sql.streaming.numRecentProgressUpdates": "10",
 }
 # The driver's heap holds plans, offsets and the Delta log's state, about 140 MB live at 20 entities. The serial
 # collector, from 64 MiB up, keeps it near that: G1 (the default on 2 cores and more) started at 1/64 of the
