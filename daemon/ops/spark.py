@@ -47,7 +47,7 @@ DEFAULTS = {
     "spark.sql.ui.retainedExecutions": "50",
     "spark.sql.streaming.numRecentProgressUpdates": "10",
 }
-# The driver's heap holds plans, offsets and the Delta log's state, about 140 MB live at 20 entities. The serial
+# The driver's heap holds plans, offsets and the Delta log's state, 100-140 MB live at 20 entities. The serial
 # collector, from 64 MiB up, keeps it near that: G1 (the default on 2 cores and more) started at 1/64 of the
 # machine's memory (380 MiB on 24 GiB) and grew toward `spark.driver.memory`, and its own structures took 50 MiB
 # more (docs/architecture.md, "The driver JVM's heap").
