@@ -93,7 +93,7 @@ def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
     # set-up, daemon/ops/spark_home.py), then spark-core's jar, unbuffered, and one hash seed (str hashes agree across
     # workers). With the jar on the server's path, its importer and directory (7 MiB) are read once, here, and
     # shared; a child that found it only in the PYTHONPATH Spark gave it read them at its first import.
-    home = Path(os.environ.get("SPARK_HOME") or spark_home.pip_home())
+    home = Path(spark_home.effective())
     lib = home / "python" / "lib"
     path = [str(lib / "pyspark.zip"), *map(str, sorted(lib.glob("py4j-*-src.zip"))),
             *sorted(os.path.realpath(jar) for jar in home.glob("jars/spark-core_*.jar")),  # as the JVM names it
