@@ -8,22 +8,26 @@ CONFIG ?= config/lakefeed.yaml
 JARS := $(VENV)/spark-jars/.ready-home
 # The tests' Apache Kafka broker (tests/kafka_broker.py), resolved at set-up too: the suite reaches only 127.0.0.1.
 TEST_JARS := $(VENV)/spark-jars/.ready-test-broker
+# The runners' stand-in (daemon/ops/stand_in.c), built when there is a C compiler; without one, the fork server's
+# launchers stand in themselves (daemon/ops/fork_launcher.py), 3 MiB more for each streaming source.
+STAND_IN := $(BIN)/lakefeed-stand-in
 
 .PHONY: run test test-requirements setup lint bench
 
-run: $(VENV)/.installed $(JARS)
+run: $(VENV)/.installed $(JARS) $(STAND_IN)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: test-requirements $(VENV)/.installed $(JARS) $(TEST_JARS)
+test: test-requirements $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest
 
 # Before anything is installed: the suite needs Java for Spark, and also drives Chromium (the status page
-# test), systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run) and Rust's cargo
-# (it builds tests/arrow_digest_ref, the reference of the ODF logical hash, from crates.io). All that
-# is missing is named at once, with the apt-get line (README: Requirements). `make run` needs only Java.
+# test), systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run), Rust's cargo
+# (it builds tests/arrow_digest_ref, the reference of the ODF logical hash, from crates.io) and a C compiler (the
+# stand-in's tests). All that is missing is named at once, with the apt-get line (README: Requirements). `make run`
+# needs only Java.
 test-requirements:
 	@missing=""; why=""; \
 	if ! command -v java >/dev/null 2>&1 && [ ! -x "$${JAVA_HOME:-/nonexistent}/bin/java" ]; then \
@@ -32,6 +36,8 @@ test-requirements:
 	  missing="$$missing chromium"; why="$$why\n  chromium: the status page test, in headless Chromium"; fi; \
 	if ! command -v systemd-analyze >/dev/null 2>&1; then \
 	  missing="$$missing systemd"; why="$$why\n  systemd-analyze (package systemd): the unit file tests"; fi; \
+	if ! command -v $(CC) >/dev/null 2>&1; then \
+	  missing="$$missing gcc"; why="$$why\n  $(CC) (package gcc): builds the runners' stand-in, daemon/ops/stand_in.c"; fi; \
 	if ! command -v cargo >/dev/null 2>&1; then \
 	  why="$$why\n  cargo (a current Rust, https://rustup.rs): builds the arrow-digest reference of the ODF hash tests"; fi; \
 	if [ -n "$$why" ]; then \
@@ -40,7 +46,7 @@ test-requirements:
 	  exit 1; \
 	fi
 
-setup: $(VENV)/.installed $(JARS)
+setup: $(VENV)/.installed $(JARS) $(STAND_IN)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c "import sys; assert sys.version_info >= (3, 11), 'lakefeed needs Python 3.11+'"
@@ -52,6 +58,12 @@ $(VENV)/.installed: pyproject.toml
 $(JARS): $(VENV)/.installed
 	$(BIN)/lakefeed jars fetch
 	touch $@
+
+$(STAND_IN): daemon/ops/stand_in.c $(VENV)/.installed
+	@if command -v $(CC) >/dev/null 2>&1; then \
+	  echo "$(CC) -O2 -Wall -Wextra -Werror -o $@ $<"; $(CC) -O2 -Wall -Wextra -Werror -o $@ $<; \
+	else \
+	  echo "make: no C compiler ($(CC)): the runners' launchers stand in themselves (3 MiB more each)" >&2; fi
 
 $(TEST_JARS): $(VENV)/.installed
 	$(BIN)/python -m tests.kafka_broker

@@ -8,8 +8,9 @@ process of the daemon's session (and of its intake's) is read and sorted by kind
 
 * driver: the daemon's Python process;
 * driver_jvm: Spark's JVM (driver, and in local mode the executor too);
-* python_workers: Python processes under the JVM: on a local master, mostly the launchers that stand in for the
-  processes the fork server forked; on another, pyspark.daemon and its workers too;
+* python_workers: the processes Spark started for Python, under the JVM: on a local master, mostly the stand-ins
+  (daemon/ops/stand_in.c; without a C compiler at set-up, the launchers) of the processes the fork server forked;
+  on another, pyspark.daemon and its workers too;
 * runners: the fork server (daemon/ops/fork_server.py) and what it forked: the streaming sources' runners, the data
   source planners' daemons and, on local[N], the tasks' daemon and its workers;
 * intake: the push intake process;

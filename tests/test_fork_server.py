@@ -32,10 +32,14 @@ from tests.conftest import alive, children, land, wait_for, write_config
 PLANNER = ["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]
 
 
-@pytest.fixture
-def forks():
+@pytest.fixture(params=["compiled", "launcher"])
+def forks(request):
+    """A fork server and its `driver` wrapper; what stands in for a child: the stand-in `make setup` compiled
+    (daemon/ops/stand_in.c), or the launcher itself, as where there was no C compiler."""
     runtime = Path(tempfile.mkdtemp(prefix="lf-fork-"))  # a Unix socket's path has at most 107 bytes
-    wrappers, server = fork_server.launch(runtime)
+    stand_in = fork_server.built_stand_in() if request.param == "compiled" else None
+    assert (stand_in is None) == (request.param == "launcher"), "make setup builds the stand-in (Makefile)"
+    wrappers, server = fork_server.launch(runtime, stand_in)
     yield wrappers["driver"], server
     if server.stdin and not server.stdin.closed:
         server.stdin.close()
@@ -57,6 +61,10 @@ def _planner(wrapper: Path, sock_dir: Path) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.read(size).decode()
 
 
+def _stands_in_compiled(wrapper: Path) -> bool:
+    return fork_server.STAND_IN.encode() in wrapper.read_bytes()
+
+
 def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_status(forks, tmp_path):
     wrapper, server = forks
     launcher, path = _planner(wrapper, tmp_path)
@@ -64,6 +72,12 @@ def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_sta
     forked = wait_for(lambda: children(server.pid), 30, what="the server's child")
     assert len(forked) == 1 and forked[0] != launcher.pid
     assert b"lakefeed.ops.fork_server" in Path(f"/proc/{forked[0]}/cmdline").read_bytes()
+    proc = Path(f"/proc/{launcher.pid}")
+    if _stands_in_compiled(wrapper):  # the launcher became the stand-in: the connection, the child, what it runs
+        wait_for(lambda: os.readlink(proc / "exe").endswith(fork_server.STAND_IN), 30, what="the stand-in")
+        assert _cmdline(proc).rstrip(b"\0").split(b"\0")[2:] == [str(forked[0]).encode(), *map(str.encode, PLANNER)]
+    else:
+        assert b"fork_launcher.py" in _cmdline(proc)
     with socket.socket(socket.AF_UNIX) as client:
         client.connect(path)  # the child listens where it said
     launcher.stdin.close()  # Spark's way of telling the planner's daemon to end
@@ -113,6 +127,42 @@ def test_the_server_ends_with_the_daemon_and_takes_its_children(forks, tmp_path)
     assert server.wait(timeout=30) == 0
     wait_for(lambda: not alive(child), 30, what="the child killed")
     assert launcher.wait(timeout=30) != 0  # nothing left to stand in for
+
+
+def _stand_in(status: bytes | None, before_exec: str = "pass") -> tuple[int | None, int]:
+    """Run the compiled stand-in for a `sleep` child, as a launcher would (exec'd from a Python process that ran
+    `before_exec` first), the server's end of the connection then writing `status` (None: closing without one).
+    The child's return code once the stand-in has ended (None: still running, then killed) and the stand-in's."""
+    stand_in = str(fork_server.built_stand_in())
+    child = subprocess.Popen(["sleep", "60"])
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        exec_it = f"import os, signal; {before_exec}; os.execv({stand_in!r}, [{stand_in!r}, " \
+                  f"'{theirs.fileno()}', '{child.pid}', '-m', 'pyspark.daemon'])"
+        proc = subprocess.Popen([sys.executable, "-c", exec_it], pass_fds=(theirs.fileno(),))
+        theirs.close()
+        if before_exec != "pass":
+            child.wait(timeout=30)  # what it did reached the child before any status came
+        if status is not None:
+            ours.sendall(status)
+    code = proc.wait(timeout=30)
+    try:
+        return child.wait(timeout=30 if status is None else 0.1), code
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(timeout=30)
+        return None, code
+
+
+def test_the_compiled_stand_in_forwards_reports_and_cleans_up():
+    # A signal that came while the launcher exec'd it (blocked, pending) reaches the child once it can.
+    term = "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM]); os.kill(os.getpid(), signal.SIGTERM)"
+    assert _stand_in(struct.pack("!i", -signal.SIGTERM), term) == (-signal.SIGTERM, -signal.SIGTERM)
+    assert _stand_in(struct.pack("!i", 7)) == (None, 7)  # the child's exit code, as its own
+    assert _stand_in(None) == (-signal.SIGKILL, 1)  # the server gone without a word: the child is killed
+    bad = subprocess.run([str(fork_server.built_stand_in()), "3", "not-a-pid"], capture_output=True, timeout=30,
+                         check=False)
+    assert (bad.returncode, b"usage" in bad.stderr) == (2, True)
 
 
 def test_with_the_server_gone_the_launcher_runs_the_module_itself(forks, tmp_path):
@@ -181,6 +231,8 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
     the tasks' daemon is forked too; on local-cluster it is the executors' own."""
     master = spark.sparkContext.master
     assert os.environ["PYSPARK_PYTHON"] == str(fork_server.start(master))
+    stand_in = fork_server.built_stand_in()
+    assert stand_in is not None, "make setup builds the stand-in (Makefile)"
     servers = [pid for pid in children(os.getpid())
                if b"lakefeed.ops.fork_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(servers) == 1
@@ -192,11 +244,11 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
         runner.start()
         land(cfg.entities[0].source.path / "sales/2024/01/a.csv", "id,amount\n1,1.5\n2,2.5\n")
         wait_for(lambda: _rows(cfg.entities[0].table) == 2, what="2 rows in the table")
-        launchers = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit()
-                     and b"fork_launcher.py" in _cmdline(pid) and b"python_streaming_source_runner" in _cmdline(pid)]
-        assert launchers, "no runner was started through the launcher"
+        stand_ins = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit()
+                     and b"python_streaming_source_runner" in _cmdline(pid) and _exe(pid) == stand_in]
+        assert stand_ins, "no runner was started through the launcher, or the compiled stand-in does not stand in"
         # What Spark put on the runner's path is on the server's already: its children import nothing anew.
-        spark_path = _environ(launchers[0])["PYTHONPATH"].split(os.pathsep)
+        spark_path = _environ(stand_ins[0])["PYTHONPATH"].split(os.pathsep)
         assert set(spark_path) <= set(_environ(Path(f"/proc/{servers[0]}"))["PYTHONPATH"].split(os.pathsep))
         assert set(children(servers[0])) - before, "the fork server forked no runner"
         routed, unrouted = _task_daemons(os.getpid())
@@ -210,13 +262,13 @@ def test_a_local_sessions_streaming_runners_are_forked_and_its_rows_arrive(spark
 
 
 def _task_daemons(root: int) -> tuple[int, int]:
-    """Under `root`: the tasks' daemons (`-m pyspark.daemon [pyspark.worker]`) started through a launcher that
-    forked them, and those started as the interpreter itself."""
+    """Under `root`: the tasks' daemons (`-m pyspark.daemon [pyspark.worker]`) forked (their launcher became the
+    stand-in), and those started as the interpreter itself."""
     routed = unrouted = 0
     for pid in _descendants(root):
         args = _cmdline(Path(f"/proc/{pid}")).rstrip(b"\0").split(b"\0")
         if args[-2:] == [b"-m", b"pyspark.daemon"] or args[-3:] == [b"-m", b"pyspark.daemon", b"pyspark.worker"]:
-            if any(arg.endswith(b"fork_launcher.py") for arg in args):
+            if _exe(Path(f"/proc/{pid}")) == fork_server.built_stand_in():
                 routed += 1
             elif args[0] == sys.executable.encode():
                 unrouted += 1
@@ -237,6 +289,13 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _exe(proc: Path) -> Path | None:
+    try:
+        return Path(os.readlink(proc / "exe"))
+    except OSError:
+        return None
 
 
 def _environ(proc: Path) -> dict[str, str]:

@@ -2,14 +2,16 @@
 runner, a daemon of Spark's data source planners; on a local[N] master the tasks' daemon too) is forked by lakefeed's
 fork server (daemon/ops/fork_server.py) rather than started afresh; anything else is the interpreter itself.
 
-Run as `python -I -S fork_launcher.py <server socket> <python> <scope> <python's arguments...>` by the wrapper
-that PYSPARK_PYTHON names; scope `local` (a local[N] master) routes the tasks' daemon as well, `driver` does not.
-It imports only the interpreter's built-in modules (_socket, _signal: the `socket` and `signal` modules would double
-its memory), since one stays for each runner. For a routed process it hands its standard streams, environment,
-working folder and arguments to the fork server, which forks a child from a process that has imported pyspark,
-pyarrow and lakefeed's sources and tasks already. It then stands in for that child, as the process Spark started
-and will stop: signals it gets go to the child, and it ends with the child's exit status. When the fork server
-cannot be reached, it runs the module itself, as Spark meant to.
+Run as `python -I -S fork_launcher.py <server socket> <python> <scope> <stand-in> <python's arguments...>` by the
+wrapper that PYSPARK_PYTHON names; scope `local` (a local[N] master) routes the tasks' daemon as well, `driver` does
+not. It imports only the interpreter's built-in modules (_socket, _signal: the `socket` and `signal` modules would
+double its memory). For a routed process it hands its standard streams, environment, working folder and arguments to
+the fork server, which forks a child from a process that has imported pyspark, pyarrow and lakefeed's sources and
+tasks already. Then something stands in for that child, as the process Spark started and will stop: signals it gets
+go to the child, and it ends with the child's exit status. That is the compiled `<stand-in>` (daemon/ops/stand_in.c),
+which the launcher becomes by exec, since one stays for each runner for its query's life; when there is none (an
+empty argument: no C compiler at set-up) or it cannot be run, the launcher itself. When the fork server cannot be
+reached, the launcher runs the module itself, as Spark meant to.
 """
 
 import _signal
@@ -114,13 +116,26 @@ def _stand_in(sock: "_socket.socket", pid: int) -> int:
     return int.from_bytes(status, "big", signed=True)
 
 
+def _become(stand_in: str, sock: "_socket.socket", pid: int, args: list) -> None:
+    """Exec the compiled stand-in for the child; back here only if that fails. The forwarded signals are blocked
+    across the exec: one that comes meanwhile waits for the stand-in's handlers instead of ending it."""
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, FORWARDED)
+    try:
+        os.set_inheritable(sock.fileno(), True)
+        os.execv(stand_in, [stand_in, str(sock.fileno()), str(pid), *args])  # noqa: S606 - lakefeed's own
+    except OSError:
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile goes to the forwarder
+
+
 def main(argv: list) -> None:
-    sock_path, python, scope, args = argv[1], argv[2], argv[3], argv[4:]
+    sock_path, python, scope, stand_in, args = argv[1], argv[2], argv[3], argv[4], argv[5:]
     if routed(args, tasks=scope == "local"):
         forwarder = _Forwarder()
         child = _forked(sock_path, args)
         if child is not None:
             forwarder.to(child[1])
+            if stand_in:
+                _become(stand_in, *child, args)
             code = _stand_in(*child)
             if code < 0:  # ended by a signal: so does its stand-in (SIGKILL and SIGSTOP keep their default action)
                 if -code not in (_signal.SIGKILL, _signal.SIGSTOP):

@@ -11,9 +11,10 @@ folder, starts this module's `serve` with it, and returns a wrapper script to be
 wrapper for every Python process; the launcher it runs passes what it does not route (fork_launcher.routed) to the
 interpreter itself. For a routed one, the launcher sends its standard streams, environment, working folder and
 arguments; the server forks, the child takes them on and runs the module as `python -m` would. The server reaps the
-child and sends its exit status to the launcher, which Spark waits on; if the launcher dies first (Spark stops it
-forcibly), the server kills the child. The server ends with the daemon: its standard input is a pipe the daemon
-holds, and at its end (the daemon exited, however) it kills what it forked and exits."""
+child and sends its exit status to the launcher, or rather to the small compiled stand-in the launcher has become
+(daemon/ops/stand_in.c), which Spark waits on; if that dies first (Spark stops it forcibly), the server kills the
+child. The server ends with the daemon: its standard input is a pipe the daemon holds, and at its end (the daemon
+exited, however) it kills what it forked and exits."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ PRELOAD = (
     "lakefeed.connectors.sources.kafka_source",
 )
 LAUNCHER = Path(__file__).with_name("fork_launcher.py")
+STAND_IN = "lakefeed-stand-in"  # daemon/ops/stand_in.c, built by `make setup` into the venv's bin
 REQUEST_TIMEOUT_S = 10.0
 RUNTIME_PREFIX = "lakefeed-py-"
 SCOPES = ("driver", "local")
@@ -68,7 +70,7 @@ def start(master: str) -> Path:
     process's fork server started (once per process, whatever number of sessions it makes)."""
     if not _started:
         runtime = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX))
-        wrappers, server = launch(runtime)
+        wrappers, server = launch(runtime, built_stand_in())
         atexit.register(_stop, server, runtime)
         _started.update(wrappers)
     return _started["driver" if master.startswith("local-cluster") else "local"]
@@ -80,10 +82,17 @@ def is_wrapper(python: str) -> bool:
     return path.parent.name.startswith(RUNTIME_PREFIX) and path.name in (f"python-{scope}" for scope in SCOPES)
 
 
-def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
+def built_stand_in() -> Path | None:
+    """The compiled stand-in (daemon/ops/stand_in.c) that `make setup` builds beside this venv's python, if built."""
+    path = Path(sys.executable).parent / STAND_IN
+    return path if os.access(path, os.X_OK) else None
+
+
+def launch(runtime: Path, stand_in: Path | None = None) -> tuple[dict[str, Path], subprocess.Popen]:
     """A fork server listening in `runtime`, and the wrapper scripts there that run Spark's Python through it, by
     scope: `driver` forks the Python processes that serve the driver, `local` the tasks' daemon as well (for a
-    local[N] master). The server runs until its standard input (`.stdin` of the Popen) is closed."""
+    local[N] master). The server runs until its standard input (`.stdin` of the Popen) is closed. `stand_in`: what
+    stands in for a forked child (fork_launcher.py): that program, or when None the launcher itself."""
     sock_path = runtime / "fork.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock_path))
@@ -108,7 +117,8 @@ def launch(runtime: Path) -> tuple[dict[str, Path], subprocess.Popen]:
     wrappers = {}
     for scope in SCOPES:
         wrapper = runtime / f"python-{scope}"
-        command = f"{python} -I -S {shlex.quote(str(LAUNCHER))} {shlex.quote(str(sock_path))} {python} {scope}"
+        command = (f"{python} -I -S {shlex.quote(str(LAUNCHER))} {shlex.quote(str(sock_path))} {python} {scope} "
+                   f"{shlex.quote(str(stand_in or ''))}")
         script = f'#!/bin/sh\n# lakefeed: Spark\'s Python (daemon/ops/fork_launcher.py)\nexec {command} "$@"\n'
         wrapper.write_text(script, encoding="utf-8")
         wrapper.chmod(0o755)
