@@ -62,8 +62,9 @@ def test_the_drivers_collector_is_the_serial_one_unless_the_config_names_another
         assert run.returncode == 0, run.stderr
         chosen = {line.split()[1] for line in run.stdout.splitlines() if re.search(COLLECTOR_ON, line)}
         assert chosen == {flag}, (theirs, chosen)
-        heap_start = next(line for line in run.stdout.splitlines() if " InitialHeapSize " in line)
-        assert int(heap_start.split("=")[1].split()[0]) == 64 << 20
+        flags = {line.split()[1]: line.split("=")[1].split()[0] for line in run.stdout.splitlines() if "=" in line}
+        assert int(flags["InitialHeapSize"]) == 64 << 20
+        assert (flags["MinHeapFreeRatio"], flags["MaxHeapFreeRatio"]) == ("10", "30")  # JVM defaults: 40, 70
 
 
 def test_the_session_keeps_a_short_history_of_finished_jobs(spark):
