@@ -40,7 +40,8 @@ def test_spark_log_level_reaches_the_jvm_and_the_configs_own_java_options_come_l
     assert SparkConfig().log_level == "ERROR"
     options = spark.java_options(SparkConfig(log_level="WARN",
                                              conf={"spark.driver.extraJavaOptions": "-Dlakefeed.spark.logLevel=INFO"}))
-    assert options.split() == ["-Xss16m", "-XX:+UseSerialGC", "-Xms64m", f"-Dlog4j2.configurationFile={spark.LOG4J2}",
+    assert options.split() == ["-Xss16m", "-XX:+UseSerialGC", "-Xms64m", "-XX:MinHeapFreeRatio=10",
+                               "-XX:MaxHeapFreeRatio=30", f"-Dlog4j2.configurationFile={spark.LOG4J2}",
                                "-Dlakefeed.spark.logLevel=WARN", "-Dlakefeed.spark.logLevel=INFO"]
     assert "rootLogger.level = ${sys:lakefeed.spark.logLevel:-ERROR}" in spark.LOG4J2.read_text()
 
