@@ -52,8 +52,6 @@ DEFAULTS = {
 # machine's memory (380 MiB on 24 GiB) and grew toward `spark.driver.memory`, and its own structures took 50 MiB
 # more (docs/architecture.md, "The driver JVM's heap").
 COLLECTOR, HEAP_START = "-XX:+UseSerialGC", "-Xms64m"
-# After a full collection the heap keeps 10-30% of itself free, not 40-70%.
-HEAP_FREE = "-XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 # Spark's log4j configuration: its log on stderr at `spark.log_level` from the JVM's start on.
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
@@ -120,7 +118,7 @@ def java_options(cfg: SparkConfig, java_version: str = "") -> str:
     a JVM refuses two."""
     theirs = cfg.conf.get("spark.driver.extraJavaOptions", "")
     collector = "" if re.search(r"-XX:\+Use(Serial|Parallel|G1|Z|Shenandoah|Epsilon)GC\b", theirs) else COLLECTOR
-    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START, HEAP_FREE,
+    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START,
             f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
             f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
     return " ".join(option for option in [*ours, theirs] if option).strip()
