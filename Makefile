@@ -61,7 +61,7 @@ $(JARS): $(VENV)/.installed
 
 $(STAND_IN): daemon/ops/stand_in.c $(VENV)/.installed
 	@if command -v $(CC) >/dev/null 2>&1; then \
-	  echo "$(CC) -O2 -Wall -Wextra -Werror -o $@ $<"; $(CC) -O2 -Wall -Wextra -Werror -o $@ $<; \
+	  echo "$(CC) -O2 -Wall -Wextra -o $@ $<"; $(CC) -O2 -Wall -Wextra -o $@ $<; \
 	else \
 	  echo "make: no C compiler ($(CC)): the runners' launchers stand in themselves (3 MiB more each)" >&2; fi
 
