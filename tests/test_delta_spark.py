@@ -121,6 +121,33 @@ def test_history_closes_and_opens_versions(make, tmp_path):
     assert sink.committed_version("q1") == 1
 
 
+@pytest.mark.parametrize("write", ["append", "files", "merge", "history"])
+def test_a_table_whose_creation_a_crash_cut_short_is_made_by_the_next_write(make, tmp_path, write):
+    """A crash while a table is made can leave its folder with a `_delta_log/` and no commit in it (delta-spark's
+    CREATE TABLE made `_delta_log/_staged_commits/` first). Every write path makes the table there all the
+    same: none may take the folder for a table it then fails to find, which parked a batch once."""
+    root = tmp_path / "t"
+    (root / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    sink = make(root)
+    assert sink.schema() is None and sink.committed_version("q1") is None
+    if write == "append":
+        sink.append(batch([1], ["a"]), "q1", 0, META)
+    elif write == "files":
+        data = batch([1], ["a"])
+        sink.commit_files(data_files.write(pafs.LocalFileSystem(), str(root), data, "part-x-b0-"), data.schema,
+                          "q1", 0, META)
+    elif write == "merge":
+        plan = MergePlan(keys=("id",), sequence=(), compare=("v",), snapshot=False, insert_updates_of_absent=False)
+        made = sink.merge(batch([1], ["a"], ["upsert"]), plan, "q1", 0, META)
+        assert [r["id"] for r in sink.changes(made).to_pylist()] == [1]  # made with its change data feed on
+    else:
+        from datetime import UTC, datetime
+        opened = pa.array([datetime(2024, 1, 1, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+        sink.apply_history(pa.table({"id": [1], "v": ["a"], "__h": ["open"], "__at": opened}), ("id",), "q1", 0)
+    assert [(r["id"], r["v"]) for r in rows(root)] == [(1, "a")]
+    assert sink.committed_version("q1") == 0
+
+
 def test_each_writer_continues_the_other_ones_table(spark, tmp_path):
     root = tmp_path / "t"
     rs, sp = DeltaRsSink(root), DeltaSparkSink(spark, root)

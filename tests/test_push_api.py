@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
-from pyspark.errors import PySparkTypeError
+from deltalake.exceptions import TableNotFoundError
+from pyspark.errors import AnalysisException, PySparkTypeError
 
 from lakefeed.config import model as config
 from lakefeed.errors import TerminalError
@@ -25,6 +26,7 @@ from lakefeed.intake import openapi
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.push_api import Endpoint, PushApi, token_hash
 from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.faults import data_fault, store_fault
 from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import write_config
 
@@ -415,3 +417,22 @@ def test_a_bug_in_the_commit_path_stops_the_batch_and_parks_nothing(make_api, mo
     reasons = {json.loads(q["raw"])["id"]: q["reason"] for q in quarantine}
     assert reasons.keys() == {"3", "4"}
     assert "ArrowTypeError" in reasons["3"] and "PySparkTypeError" in reasons["4"]
+
+
+@pytest.mark.parametrize("missing", [
+    TableNotFoundError("no log files"),
+    AnalysisException(message="[DELTA_TABLE_NOT_FOUND] Delta table `/lake/t` doesn't exist.")])  # as Spark says it
+def test_a_table_found_missing_is_retried_never_parked(make_api, monkeypatch, missing):
+    """A table the commit cannot find is the lake's state at fault, not the rows' (a creation a crash cut short
+    was one): it is a store fault, retried, and the acknowledged rows land once the table can be written."""
+    api = make_api()
+    assert api.post(b'[{"id": 1}, {"id": 2}]')[0] == 202
+    assert store_fault(missing) and not data_fault(missing)
+    monkeypatch.setattr(api.pipelines["orders"].sinks.table, "merge", _raising(missing))
+    with pytest.raises(type(missing)):
+        api.ingest()
+    assert not DeltaTable.is_deltatable(str(api.cfg.entity("orders").quarantine))
+    monkeypatch.undo()
+    api.done.clear()  # the batch is replayed from the spool, as the runner's retry does
+    api.ingest()
+    assert [r["id"] for r in api.table()] == [1, 2]

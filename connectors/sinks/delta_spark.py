@@ -118,29 +118,13 @@ class DeltaSparkSink(DeltaRsSink):
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
         if current is None:  # the table is made by this commit (its folder already holds the tasks' files)
-            actions.append({"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                                         "schemaString": self._frame(schema.empty_table()).schema.json(),
-                                         "partitionColumns": list(self._partition_by or ()), "configuration": {},
-                                         "createdTime": now}})
+            actions.append(self._new_table(schema, {}))
         elif any(f.name not in current.names for f in delta_compatible(schema)):
             self._add_columns(schema, current)  # in a commit of its own first: a replay finds them there
-        jvm = self._spark.sparkContext._jvm
-        assert jvm is not None
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
-        txn = log.startTransaction()
         actions += [{"add": {"path": quote(f.path), "partitionValues": f.partition_values, "size": f.size,
                              "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats}}
                     for f in files]
-        parse = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
-        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
-            jvm.java.util.ArrayList([parse(json.dumps(a)) for a in actions])).toSeq()
-        manual = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$"), "MODULE$")
-        self._spark.conf.set(_USER_METADATA, json.dumps(metadata))
-        try:
-            txn.commit(seq, manual)
-        finally:
-            self._spark.conf.unset(_USER_METADATA)
+        self._commit(actions, metadata)
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
         from delta.tables import DeltaTable  # delta-spark's Python API: imported where the jar is in use
@@ -149,7 +133,7 @@ class DeltaSparkSink(DeltaRsSink):
         frame = self._frame(source)
         table = self._load()
         if table is None:
-            self._create(frame.select(*columns).limit(0), cdf=True)
+            self._create(source.select(columns).schema, cdf=True)
             table = self._load()
         elif table.metadata().configuration.get(delta_rs.CDF) != "true":
             self._spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({delta_rs.CDF} = true)")
@@ -184,7 +168,7 @@ class DeltaSparkSink(DeltaRsSink):
         columns = [c for c in source.column_names if c not in ("__h", "__at")]
         frame = self._frame(source)
         if self.schema() is None:
-            self._create(frame.select(*columns).limit(0), cdf=False)
+            self._create(source.select(columns).schema, cdf=False)
         on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
         merger = (DeltaTable.forPath(self._spark, self._path).alias("t")
                   .merge(frame.alias("s"), f"{on} AND t.is_current AND s.__h = 'close'").withSchemaEvolution()
@@ -228,17 +212,37 @@ class DeltaSparkSink(DeltaRsSink):
         data = delta_rs.contiguous(data)
         return self._spark.createDataFrame(data.cast(delta_compatible(data.schema)))
 
-    def _create(self, empty: DataFrame, cdf: bool) -> None:
-        """The table, in a commit of metadata alone (Spark's write of an empty frame leaves an empty Parquet file
-        beside the table that its log does not hold)."""
-        from delta.tables import DeltaTable
+    def _create(self, schema: pa.Schema, cdf: bool) -> None:
+        """The table, in a commit of its metadata alone, through Delta's own transaction as task-written files are
+        committed. Delta's CREATE TABLE is not used: a folder holding a `_delta_log/` without a commit, as a
+        creation cut short by a crash leaves it, is a table to it, which it then fails to find
+        (DELTA_TABLE_NOT_FOUND), so the table could never be made; a transaction's first commit makes it."""
+        self._commit([self._new_table(schema, {delta_rs.CDF: "true"} if cdf else {})], {})
 
-        builder = DeltaTable.createIfNotExists(self._spark).location(self._path).addColumns(empty.schema)
-        if self._partition_by:
-            builder = builder.partitionedBy(*self._partition_by)
-        if cdf:
-            builder = builder.property(delta_rs.CDF, "true")
-        builder.execute()
+    def _new_table(self, schema: pa.Schema, configuration: dict[str, str]) -> dict[str, Any]:
+        """The `metaData` action that makes the table (Delta adds the protocol its configuration needs)."""
+        return {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                             "schemaString": self._frame(schema.empty_table()).schema.json(),
+                             "partitionColumns": list(self._partition_by or ()), "configuration": configuration,
+                             "createdTime": int(time.time() * 1000)}}
+
+    def _commit(self, actions: list[dict[str, Any]], metadata: dict[str, str]) -> None:
+        """One commit of `actions` (the Delta protocol's JSON actions) through Delta's optimistic transaction."""
+        jvm = self._spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
+        txn = log.startTransaction()
+        parse = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
+            jvm.java.util.ArrayList([parse(json.dumps(a)) for a in actions])).toSeq()
+        manual = getattr(getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$"), "MODULE$")
+        if metadata:
+            self._spark.conf.set(_USER_METADATA, json.dumps(metadata))
+        try:
+            txn.commit(seq, manual)
+        finally:
+            self._spark.conf.unset(_USER_METADATA)
 
     def _add_columns(self, schema: pa.Schema, current: pa.Schema) -> None:
         fields = self._frame(schema.empty_table()).schema.fields

@@ -1,7 +1,7 @@
 """Why a batch failed, which decides what happens next.
 
-A store fault (a full disk, an I/O error, an unreachable bucket, a concurrent writer) may go
-away: the batch is tried again, with backoff, and nothing moves on until it commits. A data
+A store fault (a full disk, an I/O error, an unreachable bucket, a concurrent writer, a table found
+missing) may go away: the batch is tried again, with backoff, and nothing moves on until it commits. A data
 fault (rows the table cannot take: a schema it refuses, a value it cannot store) will not go
 away however often the batch is tried: its rows are parked in quarantine with the reason and
 the stream goes on, so one bad record can never strand what was acknowledged after it.
@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.errors import PySparkException
 
 from lakefeed.batch import cdc
@@ -29,14 +29,18 @@ from lakefeed.pipeline.tasks import Spread, Staged
 _STORE = re.compile(r"os error \d+|no space left|disk quota|i/o error|timed? ?out|connection|broken pipe|"
                     r"generic s3 error|dispatch failure|service unavailable|throttl|slowdown|too many open files",
                     re.IGNORECASE)
+# A table the commit found missing (delta-spark's error classes): the lake's state is at fault, not the batch's
+# rows. It is retried, as a store fault is, never parked: parking would put acknowledged rows in quarantine
+# for what a retry or the operator mends.
+_MISSING = re.compile(r"\[(DELTA_TABLE_NOT_FOUND|DELTA_MISSING_DELTA_TABLE|PATH_NOT_FOUND)\b")
 
 
 def store_fault(exc: BaseException) -> bool:
     if isinstance(exc, LakefeedError) and not isinstance(exc, TransientError):
         return False  # lakefeed decided already: a terminal error stops the entity with what to do
-    if isinstance(exc, OSError | TimeoutError | TransientError | CommitFailedError):
+    if isinstance(exc, OSError | TimeoutError | TransientError | CommitFailedError | TableNotFoundError):
         return True
-    return bool(_STORE.search(str(exc)))
+    return bool(_STORE.search(str(exc)) or _MISSING.search(str(exc)))
 
 
 # Errors of lakefeed's own code, not of the data: parking would hide them behind a quarantine. A TypeError is
