@@ -66,6 +66,28 @@ def test_the_drivers_collector_is_the_serial_one_unless_the_config_names_another
         assert int(heap_start.split("=")[1].split()[0]) == 64 << 20
 
 
+def test_once_started_the_drivers_heap_keeps_less_of_itself_free_unless_set_otherwise(spark):
+    """10-30% free after a full collection, set at run time; a ratio set any other way (here: at run time before)
+    is kept. The test session's JVM gets the JVM's defaults back."""
+    from lakefeed.ops import spark as sessions
+
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    values = {name: bean.getVMOption(name) for name, _ in sessions.HEAP_FREE}
+    assert {name: (v.getValue(), v.getOrigin().toString()) for name, v in values.items()} == {
+        "MinHeapFreeRatio": ("40", "DEFAULT"), "MaxHeapFreeRatio": ("70", "DEFAULT")}
+    try:
+        sessions.keep_heap_small(spark)
+        assert {name: bean.getVMOption(name).getValue() for name in values} == dict(sessions.HEAP_FREE)
+        bean.setVMOption("MaxHeapFreeRatio", "50")
+        sessions.keep_heap_small(spark)
+        assert bean.getVMOption("MaxHeapFreeRatio").getValue() == "50"
+    finally:
+        bean.setVMOption("MaxHeapFreeRatio", "70")
+        bean.setVMOption("MinHeapFreeRatio", "40")
+
+
 def test_the_session_keeps_a_short_history_of_finished_jobs(spark):
     """A daemon's session runs jobs for months: the status store keeps the last 50, not Spark's 1,000."""
     context = spark.sparkContext

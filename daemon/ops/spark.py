@@ -52,6 +52,11 @@ DEFAULTS = {
 # machine's memory (380 MiB on 24 GiB) and grew toward `spark.driver.memory`, and its own structures took 50 MiB
 # more (docs/architecture.md, "The driver JVM's heap").
 COLLECTOR, HEAP_START = "-XX:+UseSerialGC", "-Xms64m"
+# Once the session has started, the heap keeps 10-30% of itself free after a full collection, not the JVM's 40-70%:
+# some 50 MiB less of it at 20 entities. Set at run time (they are manageable flags), not as options: from the
+# JVM's start the heap would grow from 64 MiB in small steps, each after a full collection, and every session's
+# start would pay for them (docs/architecture.md, "The driver JVM's heap").
+HEAP_FREE = (("MinHeapFreeRatio", "10"), ("MaxHeapFreeRatio", "30"))
 # Spark's log4j configuration: its log on stderr at `spark.log_level` from the JVM's start on.
 LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
@@ -122,6 +127,18 @@ def java_options(cfg: SparkConfig, java_version: str = "") -> str:
             f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
             f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
     return " ".join(option for option in [*ours, theirs] if option).strip()
+
+
+def keep_heap_small(spark: SparkSession) -> None:
+    """HEAP_FREE, for a session that has started, unless set some other way (an option of the config's, the JVM's
+    environment): a flag the JVM still holds at its default."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    kind = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(kind)
+    if all(bean.getVMOption(name).getOrigin().toString() == "DEFAULT" for name, _ in HEAP_FREE):
+        for name, value in HEAP_FREE:  # the minimum first: it may never exceed the maximum
+            bean.setVMOption(name, value)
 
 
 def warm_up(spark: SparkSession) -> None:

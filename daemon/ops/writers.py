@@ -64,6 +64,10 @@ def _warm(cfg: LakefeedConfig, session: SparkSession, delta: bool) -> None:
         return
     if delta:
         _warm_delta(cfg, session)
+    try:
+        spark.keep_heap_small(session)  # once started: daemon/ops/spark.py's HEAP_FREE
+    except Exception as exc:  # a stop under way
+        _log.info("spark.heap_left_as_is", error=" ".join(str(exc).splitlines()[:1])[:300])
 
 
 def _warm_delta(cfg: LakefeedConfig, session: SparkSession) -> None:
