@@ -187,6 +187,16 @@ def check_s3_listing(r: dict[str, Any]) -> None:
     assert r["lost_notifications"]["narrowed_found"] == 10
 
 
+def check_delta_state(r: dict[str, Any]) -> None:
+    completed(r)
+    assert set(r["variants"]) == {"kept", "lakefeed"}
+    for variant in r["variants"].values():
+        assert variant["ok"] is True
+        assert variant["rows"] == 3 * r["commits"] * r["tables"] and variant["committed_versions"] == [r["commits"] - 1]
+        positive(variant, "seconds", "commits_per_s", "rss_settled_mib", "rss_end_mib", "round_time_last_over_first")
+    positive(r, "ratio_seconds_lakefeed_vs_kept", "ratio_growth_lakefeed_vs_kept")
+
+
 def check_s3_notify(r: dict[str, Any]) -> None:
     """The smoke runs notification mode and the Spark peer; the listing mode is the same daemon with another source
     config (its listings are tested in test_s3_daemon.py, and measured by s3_listing's smoke)."""
@@ -205,6 +215,7 @@ def check_s3_notify(r: dict[str, Any]) -> None:
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "cdc_merge": check_cdc_merge,
     "chaos": check_chaos,
+    "delta_state": check_delta_state,
     "ingest_files": check_ingest_files,
     "kafka_ingest": check_kafka_ingest,
     "lifecycle": check_lifecycle,

@@ -105,6 +105,9 @@ class DeltaSparkSink(DeltaRsSink):
                 self._spark.conf.set(key, value)
         self._one_file = file_bytes is not None
 
+    def _checkpoint(self, table: Any) -> None:
+        """None of its own: delta-spark writes one every 10 commits."""
+
     # -- writes -------------------------------------------------------------------------------------------------
     def append(self, data: pa.Table, app_id: str, version: int, metadata: dict[str, str]) -> None:
         if data.num_rows == 0:  # a commit of the transaction alone: Spark would write an empty file no log holds
