@@ -113,10 +113,13 @@ class IntakeProcess:
         return value
 
     def _down(self, op: str, exc: BaseException) -> None:
+        """The process is lost, whichever operation found it so first (a call, or `check`): once per process."""
         _log.error("intake.lost", operation=op, error=str(exc) or type(exc).__name__)
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()  # it stopped answering: the next one must not share the spools with it
-            self._proc.wait()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()  # it stopped answering: the next one must not share the spools with it
+                self._proc.wait()
+            _log.error("intake.exited", returncode=self._proc.returncode)
         if self._conn is not None:
             self._conn.close()
         self._conn = None
@@ -181,7 +184,6 @@ class IntakeProcess:
                 return
             self._retry_at = time.monotonic() + 1.0
             if self._conn is not None:
-                _log.error("intake.exited", returncode=self._proc.poll())
                 self._down("check", ChildProcessError(f"exit status {self._proc.poll()}"))
             try:
                 self.start()
