@@ -81,8 +81,7 @@ class DeltaRsSink(TableSink):
     def _load(self) -> DeltaTable | None:
         """The table at its latest version; None while there is none."""
         if self._table is not None and self._table.version() - self._loaded >= RELOAD_AFTER:
-            self._table.update_incremental()
-            self._checkpoint(self._table)
+            self._checkpoint(self._table)  # at the object's version: the load reads what came after it
             self._table = None
         if self._table is None:
             try:
