@@ -184,7 +184,7 @@ def descends_from(pid: int, procs: dict[int, Process], ancestor: Callable[[Proce
 def is_intake(pid: int) -> bool:
     """Whether the process is a lakefeed intake (daemon/intake/process.py)."""
     try:
-        return b"lakefeed.intake.process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"-m\0lakefeed.intake\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

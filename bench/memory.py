@@ -109,7 +109,7 @@ def _is_java(proc: Process) -> bool:
 def _kind(proc: Process, procs: dict[int, Process], session: int) -> str:
     if proc.pid == session:
         return "driver"
-    if b"lakefeed.intake.process" in proc.cmdline:
+    if b"-m\0lakefeed.intake\0" in proc.cmdline:
         return "intake"
     if b"lakefeed.ops.fork_server" in proc.cmdline:
         return "runners"

@@ -128,6 +128,11 @@ def test_idempotency_survives_a_restart_and_sigterm_exits_cleanly(push_daemon):
     first = _post(_url(tmp_path), [{"id": 1, "v": "a"}], key="order-1")
     # A daemon in another's session (here pytest's) leaves that session's priority alone and keeps the intake in it.
     assert _autogroup(os.getpid()) == ours and os.getsid(_intake_pid(_url(tmp_path))) == os.getsid(0)
+    intake = Path(f"/proc/{_intake_pid(_url(tmp_path))}")
+    # Decoding a JSON push did not load pandas into the intake (pyarrow would, for nothing), and the processes the
+    # daemon starts have glibc's arenas limited as its own (daemon/ops/malloc.py).
+    assert "/pandas/" not in (intake / "maps").read_text()
+    assert b"MALLOC_ARENA_MAX=2" in (intake / "environ").read_bytes().split(b"\0")
     wait_for(lambda: _ids(table) == [1], 60, what="the first record")
     daemon.stop()
     daemon.start()

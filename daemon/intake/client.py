@@ -64,7 +64,7 @@ class IntakeProcess:
             ours, theirs = multiprocessing.Pipe()
             self._proc = self._launcher.submit(
                 subprocess.Popen,
-                [sys.executable, "-m", "lakefeed.intake.process", str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-m", "lakefeed.intake", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), start_new_session=self._own_session).result()
             theirs.close()
             self._conn = ours

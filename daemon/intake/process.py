@@ -179,6 +179,3 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     return serve(Connection(fd))
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

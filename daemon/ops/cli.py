@@ -149,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         from lakefeed.ops.status_cli import show_manifest
 
         return show_manifest(cfg, args.entity, args.json)
+    from lakefeed.ops import malloc
     from lakefeed.ops.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
 
+    malloc.limit_arenas()
     signal.signal(signal.SIGUSR2, log.print_stacks)  # `kill -USR2`: what a daemon that does not stop waits on
 
     try:
