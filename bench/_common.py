@@ -181,10 +181,14 @@ def descends_from(pid: int, procs: dict[int, Process], ancestor: Callable[[Proce
     return False
 
 
+# In the command line of a lakefeed intake process (`python -m lakefeed.intake`: daemon/intake/__main__.py).
+INTAKE_CMDLINE = b"-m\0lakefeed.intake\0"
+
+
 def is_intake(pid: int) -> bool:
-    """Whether the process is a lakefeed intake (daemon/intake/process.py)."""
+    """Whether the process is a lakefeed intake."""
     try:
-        return b"-m\0lakefeed.intake\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return INTAKE_CMDLINE in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

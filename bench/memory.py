@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from _common import (  # bench/ is the script folder, so on sys.path
+    INTAKE_CMDLINE,
     BenchError,
     Deadline,
     Process,
@@ -109,7 +110,7 @@ def _is_java(proc: Process) -> bool:
 def _kind(proc: Process, procs: dict[int, Process], session: int) -> str:
     if proc.pid == session:
         return "driver"
-    if b"-m\0lakefeed.intake\0" in proc.cmdline:
+    if INTAKE_CMDLINE in proc.cmdline:
         return "intake"
     if b"lakefeed.ops.fork_server" in proc.cmdline:
         return "runners"
