@@ -425,7 +425,6 @@ def child_lakefeed(spec: dict[str, Any]) -> dict[str, Any]:
     committer.commit(data, [], result, checked_at, log.get("bench"))
     seconds = time.perf_counter() - t
     memory = mem.stop()
-    committer._writers.shutdown()
     breakdown = {
         "resolve_kinds": times.get("resolve_kinds", 0.0),
         "reduce": times.get("reduce", 0.0),

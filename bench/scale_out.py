@@ -11,11 +11,16 @@ executors' Python workers (where the tasks read, decode and write), and the driv
 the row work is left in the driver.
 
 Goals (issue #20): two executors >= 1.7x the rows/s of one; the driver's CPU per row <= 10% of the tasks'.
-One JSON object goes to stdout at the end; exit status 0 when both runs completed.
 
-    python bench/scale_out.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
+Loads (`--loads`): `append`, the entity as ingest_files.py has it; `keyed`, the same files into an upsert entity
+keyed by `customer` (20,000 customers) with `sequence_by: [ts]`: its reduction to one change per key runs in the
+executors' tasks, a task per bucket of keys, and the driver MERGEs the reduced rows (delta-rs). A keyed run ends
+when every file is in a table commit; its table must hold one row per customer of the files.
+One JSON object goes to stdout at the end; exit status 0 when every run completed.
 
-`--smoke`: 8 files x 1,000 rows.
+    python bench/scale_out.py [--files 200] [--rows 50000] [--loads append,keyed] [--workdir DIR] [--keep] [--smoke]
+
+`--smoke`: 8 files x 1,000 rows, both loads.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 from _common import (  # bench/ is the script folder, so on sys.path
     BenchError,
     Deadline,
@@ -46,11 +53,13 @@ from _common import (  # bench/ is the script folder, so on sys.path
     stop_daemon,
     workdir,
 )
+from deltalake import DeltaTable
 from ingest_files import CONFIG, ENTITY, LAKEFEED, generate, land, table_rows, wait_ready, watch_table
 
 GOAL_SPEED_UP = 1.7
 GOAL_DRIVER_SHARE = 0.10
-SMOKE = {"files": 8, "rows": 1000, "timeout": 300.0}
+SMOKE = {"files": 8, "rows": 1000, "timeout": 420.0, "loads": "append,keyed"}
+KEYED = "    cdc: {strategy: upsert, primary_key: [customer], sequence_by: [ts]}\n"
 KINDS = ("driver", "driver_jvm", "executor_jvm", "executor_python", "driver_side_python")
 
 
@@ -113,8 +122,21 @@ def chained(log_path: Path, last_offset: int) -> bool:
     return any(e["event"] == "odf.appended" and e.get("last_offset") == last_offset for e in events)
 
 
-def run(work: Path, master: str, names: list[str], source: Path, rows: int, args, deadline: Deadline) -> dict:
-    """One run of the daemon on `master` over hard links of the generated files."""
+def changelog_end(table: Path) -> int:
+    """The last offset of the changelog."""
+    offsets = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).column("max.offset")
+    return int(pc.max(offsets).as_py())
+
+
+def customers(source: Path, names: list[str]) -> int:
+    """How many customers the files hold: a keyed run's table holds one row each."""
+    seen = [pc.unique(pacsv.read_csv(source / name).column("customer")) for name in names]
+    return len(pc.unique(pa.chunked_array(seen)))
+
+
+def run(work: Path, master: str, names: list[str], source: Path, rows: int, keyed: bool, args,
+        deadline: Deadline) -> dict:
+    """One run of the daemon on `master` over hard links of the generated files; `keyed`: into an upsert entity."""
     work.mkdir(parents=True)
     staging = work / "staging"
     staging.mkdir()
@@ -122,7 +144,7 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         os.link(source / name, staging / name)
     cfg = work / "lakefeed.yaml"
     cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
-                                 master=master, writer="delta-rs"))
+                                 master=master, writer="delta-rs") + (KEYED if keyed else ""))
     (work / "landing" / "data").mkdir(parents=True)
     log_path = work / "daemon.log"
     say(f"[{master}] starting lakefeed, log {log_path}")
@@ -137,7 +159,11 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         landed = land(staging, work / "landing" / "data", names, 0.0)
         commits = watch_table(work / "lake" / ENTITY / "table", proc, log_path, set(names), deadline)
         chained_at = time.monotonic()
-        while not chained(log_path, rows * len(names) - 1):  # the driver's share includes the ODF chain
+        while keyed and sum(e["event"] == "batch.committed" for e in log_events(log_path)[0]) < len(commits):
+            deadline.check("waiting for the last batch's changelog")  # it is committed after the table's MERGE
+            time.sleep(0.1)
+        last = changelog_end(work / "lake" / ENTITY / "changelog") if keyed else rows * len(names) - 1
+        while not chained(log_path, last):  # the driver's share includes the ODF chain
             deadline.check("waiting for the ODF chain to take the last rows")
             time.sleep(0.1)
         chain_s = time.monotonic() - chained_at
@@ -146,9 +172,10 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, args
         for pid, seconds in before.items():
             cpu[sampler.kind[pid]] -= seconds
         elapsed = max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values())
-        total = table_rows(work / "lake" / ENTITY / "table")
-        if total != rows * len(names):
-            raise BenchError(f"[{master}] the table holds {total} rows, expected {rows * len(names)}")
+        held, total = table_rows(work / "lake" / ENTITY / "table"), rows * len(names)
+        expected = customers(source, names) if keyed else total
+        if held != expected:
+            raise BenchError(f"[{master}] the table holds {held} rows, expected {expected}")
         code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code != 0:
             raise BenchError(f"[{master}] the daemon exited with {code}, expected 0")
@@ -179,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="overall deadline in seconds (default 1800)")
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    p.add_argument("--loads", default="append", help="append, keyed or both (comma-separated), each on one executor "
+                                                     "then two")
     args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-scale-")
@@ -187,20 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
         names = generate(work / "generated", args.files, args.rows)
-        one = run(work / "one", "local-cluster[1,1,1024]", names, work / "generated", args.rows, args, deadline)
-        two = run(work / "two", "local-cluster[2,1,1024]", names, work / "generated", args.rows, args, deadline)
-        speed_up = ratio(two["rows_per_s"], one["rows_per_s"])
-        share = ratio(two["driver_cpu_us_per_row"], two["tasks_cpu_us_per_row"])
-        report.update({
-            "one_executor": one, "two_executors": two,
-            "speed_up": speed_up, "goal_speed_up": GOAL_SPEED_UP,
-            "driver_over_tasks_cpu_per_row": share, "goal_driver_over_tasks": GOAL_DRIVER_SHARE,
-            "goal_met": bool(speed_up and share is not None and speed_up >= GOAL_SPEED_UP
-                             and share <= GOAL_DRIVER_SHARE),
-            "ok": True,
-        })
-        say(f"two executors / one: {speed_up}x (goal >= {GOAL_SPEED_UP}); driver CPU per row / tasks': {share} "
-            f"(goal <= {GOAL_DRIVER_SHARE})")
+        report["loads"] = {}
+        for load in args.loads.split(","):
+            if load not in ("append", "keyed"):
+                raise BenchError(f"--loads: unknown load {load!r} (append, keyed)")
+            runs = [run(work / load / name, f"local-cluster[{n},1,1024]", names, work / "generated", args.rows,
+                        load == "keyed", args, deadline) for n, name in ((1, "one"), (2, "two"))]
+            report["loads"][load] = compare(load, *runs)
+        report["ok"] = True
         return 0
     except (BenchError, OSError, pa.ArrowException) as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
@@ -211,6 +234,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         publish(report, work, remove)
+
+
+def compare(load: str, one: dict, two: dict) -> dict:
+    speed_up = ratio(two["rows_per_s"], one["rows_per_s"])
+    share = ratio(two["driver_cpu_us_per_row"], two["tasks_cpu_us_per_row"])
+    say(f"[{load}] two executors / one: {speed_up}x (goal >= {GOAL_SPEED_UP}); driver CPU per row / tasks': {share} "
+        f"(goal <= {GOAL_DRIVER_SHARE})")
+    return {"one_executor": one, "two_executors": two, "speed_up": speed_up, "goal_speed_up": GOAL_SPEED_UP,
+            "driver_over_tasks_cpu_per_row": share, "goal_driver_over_tasks": GOAL_DRIVER_SHARE,
+            "goal_met": bool(speed_up and share is not None and speed_up >= GOAL_SPEED_UP
+                             and share <= GOAL_DRIVER_SHARE)}
 
 
 if __name__ == "__main__":

@@ -97,10 +97,13 @@ def check_ingest_files(r: dict[str, Any]) -> None:
 
 def check_scale_out(r: dict[str, Any]) -> None:
     completed(r)
-    positive(r, "speed_up", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s", "two_executors.rows_per_s",
-             "two_executors.cpu_s.executor_python", "two_executors.tasks_cpu_us_per_row")
-    for run in (r["one_executor"], r["two_executors"]):
-        assert run["rows"] == r["rows"] and run["batches"] >= 1
+    assert set(r["loads"]) == {"append", "keyed"}
+    for load in r["loads"].values():
+        positive(load, "speed_up", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s",
+                 "two_executors.rows_per_s", "two_executors.cpu_s.executor_python",
+                 "two_executors.tasks_cpu_us_per_row")
+        for run in (load["one_executor"], load["two_executors"]):
+            assert run["rows"] == r["rows"] and run["batches"] >= 1
 
 
 def check_memory(r: dict[str, Any]) -> None:

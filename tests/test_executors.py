@@ -170,6 +170,56 @@ def test_an_executor_killed_mid_batch_loses_and_doubles_nothing(cluster):
     assert writers_of(cfg.table) == {"delta-spark"}
 
 
+def _reducers(table: Path) -> set[int]:
+    """The pids of the processes that reduced the keyed batches the table holds."""
+    return {int(w.rsplit(":", 1)[1]) for commit in map(commit_metadata, DeltaTable(str(table)).history())
+            for w in json.loads(commit.get("lakefeed.reducers", "[]"))}
+
+
+def test_a_keyed_batch_is_reduced_in_executor_tasks_and_an_executor_killed_mid_reduction_loses_nothing(tmp_path):
+    """An upsert entity (sequence_by) on local-cluster, 8 files of 20k changes to 500 keys: the reduction to one
+    change per key runs in executor Python workers (each commit's `lakefeed.reducers`) and the driver reads far less
+    than was landed. The first reduction task to finish kills its executor's JVM: Spark runs it again, and every
+    key ends at its last change, the changelog's offsets dense, `verify` passing."""
+    entity = entity_yaml(source={"type": "local_dir", "path": "landing", "reconcile_interval_s": 2,
+                                 "max_files_per_trigger": 8},
+                         cdc={"strategy": "upsert", "primary_key": ["key"], "sequence_by": ["seq"]})
+    config = write_config(tmp_path, [entity], spark={"master": CLUSTER, "trigger_interval_s": 0.2})
+    cfg = config_module.load(config).entities[0]
+    once = tmp_path / "executor-killed"
+    files, rows_per_file, keys, pad = 8, 20_000, 500, "p" * 48
+    texts = ["key,seq,file,pad\n" + "".join(f"{i % keys},{i},{n},{pad}\n"
+                                            for i in range(n * rows_per_file, (n + 1) * rows_per_file))
+             for n in range(files)]
+    last = {k: files * rows_per_file - keys + k for k in range(keys)}  # each key's highest sequence
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
+        daemon.start(env={"LAKEFEED_FAILPOINT": "executor:task.reduced", "LAKEFEED_FAILPOINT_ONCE": str(once)})
+        read_before = _read_bytes(daemon.proc.pid)
+        for n, text in enumerate(texts):
+            land(tmp_path / "landing" / "sales" / f"f{n:03d}.csv", text)
+
+        def state() -> dict[int, int]:
+            try:
+                rows = DeltaTable(str(cfg.table)).to_pyarrow_table(columns=["key", "seq"]).to_pylist()
+            except Exception:  # noqa: BLE001 - no table yet
+                return {}
+            return {r["key"]: r["seq"] for r in rows}
+
+        wait_for(lambda: state() == last, 240, 0.5, "every key at its last change")
+        driver_read = _read_bytes(daemon.proc.pid) - read_before
+        assert once.exists(), "no executor was killed"
+        assert driver_read < sum(map(len, texts)) / 10, driver_read
+        reducers = _reducers(Path(cfg.table))
+        live = [pid for pid in reducers if Path(f"/proc/{pid}").exists()]
+        assert live and daemon.proc.pid not in reducers
+        for pid in live:
+            assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        daemon.stop()
+    changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
+    assert sorted(changelog["offset"].to_pylist()) == list(range(changelog.num_rows))
+    assert verify(cfg) == []
+
+
 def test_a_stop_cancels_a_batch_stuck_in_its_tasks_and_the_restart_commits_it_once(tmp_path):
     """A write task hangs (after writing its files): SIGTERM waits `shutdown_timeout_s` for the batch, then the stop
     cancels its Spark jobs; the daemon exits 0 well before the forced exit, nothing is committed or parked, and the

@@ -94,15 +94,9 @@ def late_mask(data: pa.Table, watermark: datetime | None) -> np.ndarray:
     return pc.fill_null(late, False).to_numpy(zero_copy_only=False)
 
 
-def advance(watermark: datetime | None, data: pa.Table | None, spec: EventTimeConfig) -> datetime | None:
-    """Max event time seen minus the allowed lateness; never moves back."""
-    if data is None or data.num_rows == 0:
-        return watermark
-    return advance_to(watermark, pc.max(data.column(EVENT_TIME)).as_py(), spec)
-
-
 def advance_to(watermark: datetime | None, latest: datetime | None, spec: EventTimeConfig) -> datetime | None:
-    """The watermark once rows up to event time `latest` (None: no rows with one) were seen."""
+    """The watermark once rows up to event time `latest` (None: no rows with one) were seen: that time minus the
+    allowed lateness; it never moves back."""
     if latest is None:
         return watermark
     candidate = latest - timedelta(seconds=spec.allowed_lateness_s)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,7 +31,7 @@ from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.odf import slices
-from lakefeed.pipeline import tasks
+from lakefeed.pipeline import keyed, tasks
 from lakefeed.pipeline.sinks import Sinks
 from lakefeed.pipeline.staging import Staging, write_jobs
 from lakefeed.pipeline.tasks import Spread, Staged
@@ -57,6 +56,7 @@ class BatchResult:
     partitions: list[dict[str, Any]] = field(default_factory=list)
     source_state: dict[str, str] | None = None  # where the batch ends in its source (the ODF chain records it)
     workers: list[str] = field(default_factory=list)  # host:pid of the tasks that read its rows
+    reducers: list[str] = field(default_factory=list)  # host:pid of the tasks that reduced a keyed batch
     stages: dict[str, float] = field(default_factory=dict)  # seconds spent in each stage of the batch
 
     @contextmanager
@@ -88,7 +88,6 @@ class Committer:
         self.sinks = sinks
         self.app_id = app_id
         self._offsets = offsets
-        self._writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"commit-{cfg.name}")
         self.staging = Staging(cfg, app_id)
 
     def done(self, sink: TableSink, batch_id: int) -> bool:
@@ -107,50 +106,43 @@ class Committer:
 
     def commit(self, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
                checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None = None) -> None:
-        """Commit a batch; `snapshot`: the state its files make, for snapshot entities."""
+        """Commit a keyed batch whose rows are in this process (bench/cdc_merge.py); the daemon's are reduced by
+        tasks (daemon/pipeline/keyed.py)."""
+        watermark = self.watermark_before(result.batch_id)
+        done = keyed.reduction(data, self.cfg, watermark, snapshot, self.sinks.tombstones, log_)
+        self.commit_reduced(done, bad, result, checked_at, log_, snapshot, watermark)
+
+    def commit_reduced(self, done: keyed.Reduction, bad: list[tuple[str, BadRow]], result: BatchResult,
+                       checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None,
+                       watermark: datetime | None) -> None:
+        """Commit a keyed batch reduced to one change per key (`bad`: the rows its stage tasks set apart);
+        `snapshot`: the state its files make, for snapshot entities; `watermark`: as it stood before the batch."""
         batch_id = result.batch_id
         meta = self._meta(batch_id)
         if snapshot is not None:
             meta[SNAPSHOT_KEY] = snapshot.current
         if result.workers:
             meta["lakefeed.workers"] = json.dumps(result.workers)
-        if self.cfg.cdc.keyed and data is not None:
-            data, bad_kinds = cdc.resolve_kinds(data, self.cfg.cdc)
-            bad = [*bad, *bad_kinds]
-        watermark = self.watermark_before(batch_id)
-        if data is not None and self.cfg.event_time.late_policy != "apply":
-            late = event_time.late_mask(data, watermark)
-            if late.any():
-                result.late = int(late.sum())
-                if self.cfg.event_time.late_policy == "quarantine":
-                    reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
-                    bad = [*bad, *cdc.bad_rows(data.filter(pa.array(late)), reason)]
-                else:
-                    log_.info("rows.late_dropped", rows=result.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
-                data = data.filter(pa.array(~late))
-        new_watermark = event_time.advance(watermark, data, self.cfg.event_time)
+        if result.reducers:
+            meta["lakefeed.reducers"] = json.dumps(result.reducers)
+        bad = [*bad, *done.bad]
+        result.late = done.late
+        new_watermark = event_time.advance_to(watermark, done.latest, self.cfg.event_time)
         result.watermark = new_watermark
-        reduced = None
-        if self.cfg.cdc.keyed:
-            reduced, dropped = self._reduce(data, snapshot, checked_at)
-            bad = [*bad, *dropped]
-            if reduced is not None:
-                reduced = self._drop_stale(reduced, result)
-            if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
-                reduced, absent = self._absent_updates(reduced)
-                bad = [*bad, *absent]
+        result.stale = done.stale
+        reduced = done.rows if done.rows is not None or snapshot is None else self._nothing(checked_at)
+        if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
+            reduced, absent = self._absent_updates(reduced)
+            bad = [*bad, *absent]
         self._quarantine(bad, batch_id, meta, checked_at, log_)
         result.quarantined = len(bad)
-        result.rows = data.num_rows if data is not None else 0
-        if data is None and not result.partitions:
+        result.rows = done.kept
+        if done.rows is None and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)
             return
         table_meta, changelog_meta = self._metas(meta, result, checked_at, new_watermark)
         try:
-            if self.cfg.cdc.keyed:
-                self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot)
-            else:
-                self._append(data, batch_id, changelog_meta, table_meta, checked_at, log_)
+            self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot)
         except BaseException:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
@@ -260,39 +252,17 @@ class Committer:
         self.staging.tidy(batch_id, written, self.sinks.changelog, self.sinks.table, log_)
         return workers
 
-    def _append(self, data: pa.Table | None, batch_id: int, meta: dict[str, str], table_meta: dict[str, str],
-                checked_at: datetime, log_: Any) -> None:
-        writes = []
-        if data is not None and not self.done(self.sinks.changelog, batch_id):
-            first = self._offsets.start()
-            changelog = build_changelog(data, first, batch_id, checked_at)
-            writes.append(lambda: self.sinks.changelog.append(changelog, self.app_id, batch_id, meta))
-            self._offsets.next = first + data.num_rows
-        if not self.done(self.sinks.table, batch_id):
-            schema = self.sinks.table.schema()
-            rows = data_columns(data) if data is not None else \
-                schema.empty_table() if schema is not None else None
-            if rows is not None:
-                writes.append(lambda: self.sinks.table.append(rows, self.app_id, batch_id, table_meta))
-            else:
-                log_.warning("batch.nothing_to_commit", reason="no rows and no table yet; partitions not recorded")
-        # delta-rs releases the GIL while it encodes and writes: the two tables go in parallel.
-        futures = [self._writers.submit(write) for write in writes]
-        wait(futures)  # never leave a write running behind a failed batch
-        for future in futures:
-            future.result()
-
-    def _reduce(self, data: pa.Table | None, snapshot: cdc.Snapshot | None,
-                checked_at: datetime) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
+    def _nothing(self, checked_at: datetime) -> pa.Table | None:
+        """A snapshot without rows still says what the state is: nothing (once the table is there)."""
         schema = self.sinks.table.schema()
-        if data is None and snapshot is not None and schema is not None:
-            # An empty snapshot still says what the state is: nothing.
-            data = schema.empty_table()
-            for name, column in ((cdc.KIND, pa.array([], pa.string())), (cdc.ORDER, pa.array([], pa.int64())),
-                                 ("source_file", pa.array([], pa.string())),
-                                 (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
-                data = data.append_column(name, column)
-        return cdc.reduce(data, self.cfg.cdc, snapshot) if data is not None else (None, [])
+        if schema is None:
+            return None
+        data = schema.empty_table()
+        for name, column in ((cdc.KIND, pa.array([], pa.string())), (cdc.ORDER, pa.array([], pa.int64())),
+                             ("source_file", pa.array([], pa.string())),
+                             (event_time.EVENT_TIME, event_time.constant(checked_at, 0))):
+            data = data.append_column(name, column)
+        return data
 
     def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
         """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""
@@ -302,30 +272,12 @@ class Committer:
         keys = list(self.cfg.cdc.primary_key)
         present = self.sinks.table.lookup(reduced.filter(pa.array(updates)).select(keys))
         found = present.append_column("__present", pa.array(np.ones(present.num_rows, dtype=bool)))
-        absent = updates & _beside(reduced, found, keys).column("__present").is_null().to_numpy(zero_copy_only=False)
+        held = keyed.beside(reduced, found, keys).column("__present")
+        absent = updates & held.is_null().to_numpy(zero_copy_only=False)
         if not absent.any():
             return reduced, []
         bad = cdc.bad_rows(reduced.filter(pa.array(absent)), "update of a key the table does not hold")
         return reduced.filter(pa.array(~absent)), bad
-
-    def _drop_stale(self, reduced: pa.Table, result: BatchResult) -> pa.Table:
-        """Changes older than a deletion of their key are stale: the deletion is newer and stays."""
-        tombstones, keys, seq = self.sinks.tombstones, list(self.cfg.cdc.primary_key), self.cfg.cdc.sequence_by
-        if tombstones is None or reduced.num_rows == 0:
-            return reduced
-        found = tombstones.lookup(reduced.select(keys), seq)
-        if found.num_rows == 0:
-            return reduced
-        found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
-        joined = _beside(reduced, found, keys)
-        older = np.zeros(reduced.num_rows, dtype=bool)
-        equal = np.ones(reduced.num_rows, dtype=bool)
-        for c in seq:  # lexicographic: older at the first sequence column that differs
-            mine, tomb = reduced.column(c), joined.column(f"__tomb_{c}")
-            older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
-            equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
-        result.stale = int(older.sum())
-        return reduced.filter(pa.array(~older)) if older.any() else reduced
 
     def _bury(self, reduced: pa.Table, batch_id: int) -> None:
         """Record the sequence of every deletion of the batch (newest per key wins)."""
@@ -377,9 +329,3 @@ class Committer:
             failpoints.reached("commit.changelog")
         if history is not None and history_due:
             history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
-
-
-def _beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
-    """`found`'s columns beside each row of `rows` (null where its key is not in `found`), in row order."""
-    numbered = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
-    return numbered.join(found, keys=keys, join_type="left outer").sort_by("__row")

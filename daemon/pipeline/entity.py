@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, positions
@@ -34,7 +33,7 @@ from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
-from lakefeed.pipeline import snapshots, tasks
+from lakefeed.pipeline import keyed, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
 from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
@@ -155,8 +154,8 @@ class EntityPipeline:
         size = -(-len(entries) // runs)
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
         staging = committer.staging.url(batch_id)
-        jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging)
-                for i in range(0, len(entries), size)]
+        jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging,
+                                self._buckets()) for i in range(0, len(entries), size)]
         with result.timed("tasks"):
             staged, whole = self._read(committer, tasks.stage_frames, jobs, batch_id, stream)
         result.files += len(entries)
@@ -192,7 +191,8 @@ class EntityPipeline:
         checked_at = clock.now()
         target = file_schema(self.sinks.table.schema(), {})
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
-        job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id))
+        job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id),
+                                self._buckets())
         # Tasks decode the messages where Spark read them; without a table yet, the first types found are the ones
         # the others must fit, so that batch is one part.
         with result.timed("tasks"):
@@ -210,8 +210,7 @@ class EntityPipeline:
             if not self.cfg.cdc.keyed:
                 park_staged(committer, self.spread, staged, result, checked_at, log_)
             else:  # the batch's messages are one source, ordered by (topic, partition, offset)
-                kind = cdc.file_kind(self.cfg.cdc, None)
-                self._commit_keyed(committer, staged, result, checked_at, log_, None, kind=kind)
+                self._commit_keyed(committer, staged, result, checked_at, log_, None, numbered=True)
         with result.timed("manifests"):
             self._manifests()
         return result
@@ -291,20 +290,28 @@ class EntityPipeline:
 
     def _commit_keyed(self, committer: Committer, staged: list[tasks.Staged], result: BatchResult,
                       checked_at: datetime, log_, snapshot: cdc.Snapshot | None, retracted: Sequence[str] = (),
-                      kind: str | None = None) -> None:
-        """The keyed reduction and the MERGE (delta-rs) run here, on the rows tasks staged; `retracted`: files
-        whose rows, read before the files went, are not the state either; `kind`: rows not tagged yet, one source
-        of that kind."""
-        tables = [tasks.read_staged(self.cfg, s.path) for s in staged if s.path]
-        data = pa.concat_tables(tables, promote_options="permissive") if tables else None
-        if kind is not None and data is not None:
-            data = cdc.tag(data, kind, result.batch_id)
-        if retracted and data is not None:
-            gone = pc.is_in(data.column("source_file"), value_set=pa.array(retracted, pa.string()))
-            data = data.filter(pc.invert(gone))
-        result.workers = sorted({s.worker for s in staged if s.worker})
-        commit_or_park(committer, data, [b for s in staged for b in s.bad], result, checked_at, log_, snapshot)
-        committer.staging.drop(result.batch_id)
+                      numbered: bool = False) -> None:
+        """The keyed reduction runs as tasks, one per bucket of keys (daemon/pipeline/keyed.py), and the MERGE where
+        the writer runs it (delta-rs: here) on the reduced rows; `retracted`: files whose rows, read before the files
+        went, are not the state either; `numbered`: a Kafka batch's parts, each numbered from 0."""
+        batch_id = result.batch_id
+
+        def commit() -> None:
+            watermark = committer.watermark_before(batch_id)
+            done, reducers = keyed.reduce_staged(self.spread, self.cfg, staged, batch_id,
+                                                 committer.staging.url(batch_id), watermark, snapshot,
+                                                 tuple(retracted), numbered)
+            result.workers = sorted({*(s.worker for s in staged if s.worker), *reducers})
+            result.reducers = sorted(set(reducers))
+            committer.commit_reduced(done, [b for s in staged for b in s.bad], result, checked_at, log_, snapshot,
+                                     watermark)
+
+        commit_or_park(committer, commit, staged, result, checked_at, log_, retracted)
+        committer.staging.drop(batch_id)
+
+    def _buckets(self) -> int:
+        """How many buckets a keyed entity's staged rows are cut into by key: one reduction task each."""
+        return self.spread.width if self.cfg.cdc.keyed else 0
 
     def _stage(self, committer: Committer, matched: list[tuple[InboxRecord, Partition]], target: pa.Schema | None,
                checked_at: datetime, watermark: datetime | None,
@@ -314,8 +321,8 @@ class EntityPipeline:
         def jobs(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.StageJob]:
             runs = min(len(items), 2 * self.spread.width)  # a few runs per core: tasks are not free
             size = -(-len(items) // runs) if runs else 1
-            return [tasks.StageJob(self.cfg, tuple(items[i:i + size]), schema, checked_at, watermark, staging)
-                    for i in range(0, len(items), size)]
+            return [tasks.StageJob(self.cfg, tuple(items[i:i + size]), schema, checked_at, watermark, staging,
+                                   self._buckets()) for i in range(0, len(items), size)]
 
         if target is None and len(matched) > 1:  # the first file ever fixes the table's types; the others are read
             # so as to fit them

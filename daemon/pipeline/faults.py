@@ -10,10 +10,13 @@ the stream goes on, so one bad record can never strand what was acknowledged aft
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.errors import PySparkException
 
@@ -61,19 +64,24 @@ def data_fault(exc: BaseException) -> bool:
     return isinstance(exc, Exception)
 
 
-def commit_or_park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
-                   checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None = None) -> None:
-    """Commit the batch; if the data is at fault, put every row of it in quarantine instead (once, also on
-    replay: under an application id of its own) and let the stream go on."""
+def commit_or_park(committer: Committer, commit: Callable[[], None], staged: list[Staged], result: BatchResult,
+                   checked_at: datetime, log_: Any, retracted: Sequence[str] = ()) -> None:
+    """Commit a batch that tasks read and staged; if the data is at fault, put every row of it in quarantine instead
+    (once, also on replay: under an application id of its own) and let the stream go on. Only then are its rows read
+    here, from the staging folder; `retracted`: files whose rows are not the batch's."""
     try:
-        committer.commit(data, bad, result, checked_at, log_, snapshot)
+        commit()
         return
     except Exception as exc:
         if not data_fault(exc) or _partly_committed(committer, result.batch_id):
             raise  # a batch some table already holds is completed on replay, never parked in part
         reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
-        log_.error("batch.parked", error=reason, rows=data.num_rows if data is not None else 0)
-    _park(committer, data, bad, result, checked_at, reason)
+        log_.error("batch.parked", error=reason, rows=sum(s.rows for s in staged))
+    tables = [tasks.read_staged(committer.cfg, path) for s in staged for path in s.paths]
+    data = pa.concat_tables(tables, promote_options="permissive") if tables else None
+    if data is not None and retracted:
+        data = data.filter(pc.invert(pc.is_in(data.column("source_file"), pa.array(list(retracted), pa.string()))))
+    _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason)
 
 
 def _park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadRow]], result: BatchResult,
@@ -92,20 +100,9 @@ def _park(committer: Committer, data: pa.Table | None, bad: list[tuple[str, BadR
 
 def park_staged(committer: Committer, spread: Spread, staged: list[Staged], result: BatchResult,
                 checked_at: datetime, log_: Any, whole: tasks.Whole | None = None) -> None:
-    """`commit_or_park` for an append batch that tasks read and staged (`whole`: and wrote, one task): only when
-    the data is at fault are its rows read here, from the staging folder, to be parked."""
-    try:
-        committer.commit_staged(spread, staged, result, checked_at, log_, whole)
-        return
-    except Exception as exc:
-        if not data_fault(exc) or _partly_committed(committer, result.batch_id):
-            raise
-        reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
-        log_.error("batch.parked", error=reason, rows=sum(s.rows for s in staged))
-    rows = [tasks.read_staged(committer.cfg, s.path) for s in staged if s.path]
-    data = pa.concat_tables(rows, promote_options="permissive") if rows else None
-    bad = [b for s in staged for b in s.bad]
-    _park(committer, data, bad, result, checked_at, reason)
+    """`commit_or_park` for an append batch (`whole`: one task, which wrote it too)."""
+    commit_or_park(committer, partial(committer.commit_staged, spread, staged, result, checked_at, log_, whole),
+                   staged, result, checked_at, log_)
 
 
 def _partly_committed(committer: Committer, batch_id: int) -> bool:

@@ -5,7 +5,8 @@ Two stages, so that changelog offsets are dense and deterministic whatever order
 often one is retried:
 1. stage: read the batch's rows and take them as a batch does (conformed, tagged, stamped, late rows set apart),
    and write them to the batch's staging folder (Arrow IPC, beside the changelog) under a name their place in
-   the batch fixes. It returns counts, bad rows, the schema and the latest event time (`Staged`). `stage`: a run
+   the batch fixes (a keyed entity's cut into buckets by key, for the reduction's tasks: daemon/pipeline/keyed.py).
+   It returns counts, bad rows, the schema and the latest event time (`Staged`). `stage`: a run
    of landed files (daemon/batch/file_rows.py); `stage_frames`: a run of push frames; `stage_messages`: a
    partition of a Kafka batch, in the task that read it.
 2. `write`, one task per run of staged parts in order: the driver has summed the counts, so each run knows
@@ -32,6 +33,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages, positions
+from lakefeed.batch.buckets import bucket_of
 from lakefeed.batch.changelog import build_changelog, data_columns
 from lakefeed.batch.discovery import Partition
 from lakefeed.batch.file_rows import read_file
@@ -102,6 +104,7 @@ class StageJob:
     checked_at: datetime
     watermark: datetime | None
     staging: str  # the batch's staging folder (a local path or s3:// URL)
+    buckets: int = 0  # a keyed entity's: how many buckets its rows are cut into by key (0: not cut)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,12 @@ class Staged:
     path: str | None = None  # the staged rows (a local path or s3:// URL)
     latest: datetime | None = None  # the latest event time of its rows
     worker: str = ""
+    buckets: tuple[str, ...] = ()  # instead of `path`, cut by key: each bucket's rows ("": none)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file of the staged rows."""
+        return (self.path,) if self.path else tuple(b for b in self.buckets if b)
 
 
 def stage(job: StageJob) -> list[Staged]:
@@ -130,8 +139,8 @@ def _stage_one(job: StageJob, store: Storage, rec: InboxRecord, partition: Parti
     if read is None:
         return Staged(rec.offset, partition.location, False, worker=where)
     location, table, file_bad = read
-    return _staged(job.cfg, store, rec.offset, location, table, [(location, b) for b in file_bad], job.watermark,
-                   job.staging, where, log_.bind(file=rec.path))
+    return _staged(job, store, rec.offset, location, table, [(location, b) for b in file_bad], where,
+                   log_.bind(file=rec.path))
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,7 @@ class FramesJob:
     checked_at: datetime
     watermark: datetime | None
     staging: str
+    buckets: int = 0
 
 
 def stage_frames(job: FramesJob) -> list[Staged]:
@@ -151,8 +161,8 @@ def stage_frames(job: FramesJob) -> list[Staged]:
     where, _ = worker()
     first = job.entries[0].offset
     table, bad = frames.rows_of(job.cfg, job.stream, job.entries, job.target, job.checked_at)
-    return [_staged(job.cfg, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad,
-                    job.watermark, job.staging, where, _log.bind(entity=job.cfg.name, stream=job.stream))]
+    return [_staged(job, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad, where,
+                    _log.bind(entity=job.cfg.name, stream=job.stream))]
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,7 @@ class MessagesJob:
     checked_at: datetime
     watermark: datetime | None
     staging: str
+    buckets: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,8 +185,8 @@ class StagedMessages:
 
 
 def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessages:
-    """A part of a Kafka batch: values decoded and conformed, event time stamped (a keyed entity's CDC tags are
-    the driver's: their order spans the batch), staged under the part's number."""
+    """A part of a Kafka batch: values decoded and conformed, event time stamped, a keyed entity's rows tagged
+    (numbered within the part: the reduction orders the parts), staged under the part's number."""
     where, _ = worker()
     cfg = job.cfg
     source = cfg.kafka_source(job.stream)
@@ -189,15 +200,18 @@ def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessag
         assert data is not None
         data, bad_times = event_time.stamp(data, cfg.event_time, "", 0, job.checked_at)
         bad.extend((f"kafka/{job.stream}", b) for b in bad_times)
-    staged = _staged(cfg, Storage(cfg.storage), part, f"kafka/{job.stream}", data, bad, job.watermark, job.staging,
-                     where, _log.bind(entity=cfg.name, stream=job.stream))
+        if cfg.cdc.keyed:  # the batch's messages are one source, ordered by (topic, partition, offset)
+            data = cdc.tag(data, cdc.file_kind(cfg.cdc, None), 0)
+    staged = _staged(job, Storage(cfg.storage), part, f"kafka/{job.stream}", data, bad, where,
+                     _log.bind(entity=cfg.name, stream=job.stream))
     return StagedMessages(staged, batch.num_rows, tombstones, positions.message_ends(batch))
 
 
-def _staged(cfg: EntityConfig, store: Storage, offset: int, location: str, table: pa.Table | None,
-            bad: list[tuple[str, BadRow]], watermark: datetime | None, staging: str, where: str, log_) -> Staged:
-    """Rows read by a task: late ones set apart (an append entity's; a keyed one's are the commit's), the rest
-    written to the batch's staging folder."""
+def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int, location: str,
+            table: pa.Table | None, bad: list[tuple[str, BadRow]], where: str, log_) -> Staged:
+    """Rows read by a task: late ones set apart (an append entity's; a keyed one's are the reduction's), the rest
+    written to the batch's staging folder (a keyed entity's by bucket)."""
+    cfg, watermark = job.cfg, job.watermark
     late = 0
     if table is not None and cfg.event_time.late_policy != "apply":
         mask = event_time.late_mask(table, watermark)
@@ -211,13 +225,23 @@ def _staged(cfg: EntityConfig, store: Storage, offset: int, location: str, table
             table = table.filter(pa.array(~mask))
     if table is None:
         return Staged(offset, location, True, bad=tuple(bad), late=late, worker=where)
-    url = f"{staging}/{offset}.arrow"
+    latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
+    if not job.buckets:
+        url = write_staged(store, f"{job.staging}/{offset}.arrow", table)
+        return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
+    which = bucket_of(table, cfg.cdc.primary_key, job.buckets)
+    buckets = tuple(write_staged(store, f"{job.staging}/{offset}.b{b}.arrow", table.filter(pa.array(which == b)))
+                    if (which == b).any() else "" for b in range(job.buckets))
+    return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, None, latest, where,
+                  buckets)
+
+
+def write_staged(store: Storage, url: str, table: pa.Table) -> str:
     fs, path = store.fs_of(url)
     make_folder(fs, posixpath.dirname(path))
     with fs.open_output_stream(path) as stream, pa.ipc.new_file(stream, table.schema) as writer:
         writer.write_table(table)
-    latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
-    return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
+    return url
 
 
 @dataclass(frozen=True)
@@ -245,7 +269,7 @@ def write(job: WriteJob) -> Written:
     where, attempt = worker()
     cfg = job.cfg
     store = Storage(cfg.storage)
-    parts = [_shaped(read_staged(cfg, path), job.schema) for path in job.staged]
+    parts = [shaped(read_staged(cfg, path), job.schema) for path in job.staged]
     rows = pa.concat_tables(parts)
     name = f"{job.name}-a{attempt}"
     changelog: list[DataFile] = []
@@ -309,7 +333,7 @@ def read_staged(cfg: EntityConfig, path: str) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
-def _shaped(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+def shaped(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """`rows` with the batch's columns in its order (null where a file lacks one) and types."""
     columns = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
                for f in schema]

@@ -1,0 +1,158 @@
+"""A keyed batch reduced to one change per key, as tasks: Spark's executors in the daemon, this process without Spark.
+
+The stage tasks (daemon/pipeline/tasks.py) cut the rows they staged into buckets by key (daemon/batch/buckets.py),
+so every change of a key is in one bucket. One task per bucket reads that bucket of every staged part, in the
+batch's order, resolves the rows' kinds, sets late rows apart, reduces the rows to each key's final change
+(`cdc.reduce`) and stages what is left. The driver reads only those rows, one per key, for the MERGE; the MERGE
+runs wherever the table's writer can (delta-rs: in the driver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefeed import clock, failpoints, log
+from lakefeed.batch import cdc, event_time
+from lakefeed.batch.read import BadRow
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.inbox.storage import Storage
+from lakefeed.pipeline import tasks
+from lakefeed.pipeline.sinks import delta_sink
+
+_log = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A batch's (or a bucket's) rows as the commit takes them."""
+
+    rows: pa.Table | None  # one change per key; None: no rows
+    bad: tuple[tuple[str, BadRow], ...] = ()  # rows of unknown kind, late rows (quarantined), superseded updates
+    kept: int = 0  # rows left once those of unknown kind and the late ones are out
+    late: int = 0
+    latest: datetime | None = None  # the latest event time of the rows kept (the watermark's next step)
+    stale: int = 0  # changes older than a deletion of their key (the tombstones'), left out
+
+
+def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | None,
+              snapshot: cdc.Snapshot | None, tombstones: TableSink | None, log_: Any) -> Reduction:
+    """Kinds resolved, late rows set apart, one change per key, less those a deletion in `tombstones` is newer than."""
+    if data is None:
+        return Reduction(None)
+    data, bad = cdc.resolve_kinds(data, cfg.cdc)
+    late = 0
+    if cfg.event_time.late_policy != "apply":
+        mask = event_time.late_mask(data, watermark)
+        if mask.any():
+            late = int(mask.sum())
+            if cfg.event_time.late_policy == "quarantine":
+                reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
+                bad = [*bad, *cdc.bad_rows(data.filter(pa.array(mask)), reason)]
+            else:
+                log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
+            data = data.filter(pa.array(~mask))
+    latest = pc.max(data.column(event_time.EVENT_TIME)).as_py() if data.num_rows else None
+    reduced, dropped = cdc.reduce(data, cfg.cdc, snapshot)
+    reduced, stale = _fresh(reduced, cfg, tombstones)
+    return Reduction(reduced, (*bad, *dropped), data.num_rows, late, latest, stale)
+
+
+def _fresh(reduced: pa.Table, cfg: EntityConfig, tombstones: TableSink | None) -> tuple[pa.Table, int]:
+    """Changes older than a deletion of their key are stale: the deletion is newer and stays."""
+    keys, seq = list(cfg.cdc.primary_key), cfg.cdc.sequence_by
+    if tombstones is None or reduced.num_rows == 0:
+        return reduced, 0
+    found = tombstones.lookup(reduced.select(keys), seq)
+    if found.num_rows == 0:
+        return reduced, 0
+    found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
+    joined = beside(reduced, found, keys)
+    older = np.zeros(reduced.num_rows, dtype=bool)
+    equal = np.ones(reduced.num_rows, dtype=bool)
+    for c in seq:  # lexicographic: older at the first sequence column that differs
+        mine, tomb = reduced.column(c), joined.column(f"__tomb_{c}")
+        older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
+        equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
+    return (reduced.filter(pa.array(~older)) if older.any() else reduced), int(older.sum())
+
+
+def beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
+    """`found`'s columns beside each row of `rows` (null where its key is not in `found`), in row order."""
+    numbered = rows.select(keys).append_column("__row", pa.array(np.arange(rows.num_rows)))
+    return numbered.join(found, keys=keys, join_type="left outer").sort_by("__row")
+
+
+@dataclass(frozen=True)
+class ReduceJob:
+    cfg: EntityConfig
+    parts: tuple[tuple[str, int], ...]  # the bucket of each staged part, in the batch's order, and what its rows'
+    # order is shifted by (a Kafka part's rows are numbered from 0 within the part: the batch orders them)
+    schema: pa.Schema  # of the batch's rows (every staged part's, unified)
+    retracted: tuple[str, ...]  # files whose rows are not the state (a snapshot's, gone before the batch)
+    watermark: datetime | None
+    snapshot: cdc.Snapshot | None
+    out: str  # where the bucket's reduced rows are staged (the attempt's number and `.arrow` added)
+
+
+@dataclass(frozen=True)
+class Reduced:
+    reduction: Reduction  # without its rows: they are at `path`
+    path: str | None
+    worker: str
+
+
+def reduce_bucket(job: ReduceJob) -> Reduced:
+    where, attempt = tasks.worker()
+    cfg = job.cfg
+    tables = []
+    for path, shift in job.parts:
+        rows = tasks.shaped(tasks.read_staged(cfg, path), job.schema)
+        if shift:
+            order = pc.add(rows.column(cdc.ORDER), pa.scalar(shift, pa.int64()))
+            rows = rows.set_column(rows.schema.get_field_index(cdc.ORDER), cdc.ORDER, order)
+        tables.append(rows)
+    data = pa.concat_tables(tables) if tables else None
+    if data is not None and job.retracted:
+        data = data.filter(pc.invert(pc.is_in(data.column("source_file"), pa.array(job.retracted, pa.string()))))
+    # The tombstones read here, by delta-rs whichever writer wrote them: each task looks up its own keys.
+    tombstones = delta_sink(cfg, cfg.tombstones) if cfg.cdc.sequence_by else None
+    done = reduction(data, cfg, job.watermark, job.snapshot, tombstones, _log.bind(entity=cfg.name))
+    if done.rows is None:
+        return Reduced(done, None, where)
+    path = tasks.write_staged(Storage(cfg.storage), f"{job.out}-a{attempt}.arrow", done.rows)
+    failpoints.reached("task.reduced")  # staged, not returned: a retry stages its own
+    return Reduced(replace(done, rows=None), path, where)
+
+
+def reduce_staged(spread: tasks.Spread, cfg: EntityConfig, staged: list[tasks.Staged], batch_id: int,
+                  staging: str, watermark: datetime | None, snapshot: cdc.Snapshot | None,
+                  retracted: tuple[str, ...] = (), numbered: bool = False) -> tuple[Reduction, list[str]]:
+    """The batch's reduction, a task per bucket, and where those tasks ran; `numbered`: the staged parts' rows are
+    ordered within each part (a Kafka batch's), and the batch orders the parts."""
+    schemas = [s.schema for s in staged if s.schema is not None]  # files without rows too: their columns count
+    if not schemas:
+        return Reduction(None), []
+    schema = pa.unify_schemas(schemas, promote_options="permissive")
+    parts = [s for s in staged if s.rows]
+    if not parts:  # no rows, but what they would be: that makes the table (and a snapshot's empty state)
+        return reduction(schema.empty_table(), cfg, watermark, snapshot, None, _log.bind(entity=cfg.name)), []
+    shifted, before = [], 0
+    for s in parts:
+        shifted.append((s, batch_id * cdc.ROWS_PER_SOURCE + before if numbered else 0))
+        before += s.rows
+    jobs = [ReduceJob(cfg, tuple((s.buckets[b], shift) for s, shift in shifted if s.buckets[b]), schema, retracted,
+                      watermark, snapshot, f"{staging}/reduced/{b}") for b in range(len(parts[0].buckets))]
+    done = spread.map(reduce_bucket, [j for j in jobs if j.parts], f"lakefeed {cfg.name} batch {batch_id}: reduce")
+    tables = [tasks.read_staged(cfg, d.path) for d in done if d.path]
+    latest = [d.reduction.latest for d in done if d.reduction.latest is not None]
+    return Reduction(pa.concat_tables(tables) if tables else None,
+                     tuple(b for d in done for b in d.reduction.bad), sum(d.reduction.kept for d in done),
+                     sum(d.reduction.late for d in done), max(latest, default=None),
+                     sum(d.reduction.stale for d in done)), [d.worker for d in done]

@@ -1,0 +1,150 @@
+"""The keyed reduction as tasks (daemon/pipeline/keyed.py) against the reduction of the whole batch in one place:
+rows cut into buckets by key where they are staged, a task per bucket (each reading the tombstones itself), give
+the same changes, the same bad rows, the same counts and the same latest event time, however many buckets; and a
+row's bucket is the same in every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from deltalake import write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lakefeed.batch import cdc, event_time
+from lakefeed.batch.buckets import bucket_of
+from lakefeed.config import model as config
+from lakefeed.inbox.storage import Storage
+from lakefeed.pipeline import keyed, tasks
+from lakefeed.pipeline.sinks import delta_sink
+from tests.conftest import entity_yaml, write_config
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+KINDS = {"upsert": ["upsert"], "upsert_and_delete": ["upsert_and_delete"], "ledger": ["insert"],
+         "changelog": ["changelog"], "incremental": ["insert", "update", "delete", "upsert"]}
+
+row = st.fixed_dictionaries({
+    "k": st.integers(-1, 6).map(lambda k: None if k < 0 else k),
+    "v": st.sampled_from(["a", "b", None]),
+    "seq": st.integers(0, 3),
+    "IsDelete": st.sampled_from(["true", "false", None]),
+    "op": st.sampled_from(["c", "u", "d", "x"]),
+    "minute": st.integers(0, 10),
+})
+parts = st.lists(st.lists(row, max_size=6), min_size=1, max_size=4)
+
+
+def _cfg(tmp, strategy: str, sequence: bool, update_of_absent: str, late_policy: str):
+    cdc_doc = {"strategy": "upsert" if strategy == "incremental" else strategy, "primary_key": ["k"],
+               "sequence_by": ["seq"] if sequence else [], "update_of_absent": update_of_absent}
+    entity = entity_yaml(cdc=cdc_doc, event_time={"allowed_lateness_s": 0, "late_policy": late_policy})
+    return config.load(write_config(tmp, [entity])).entities[0]
+
+
+def _part(rows: list[dict], kind: str, offset: int, text_keys: bool, numbered: bool) -> pa.Table:
+    table = pa.table({
+        "k": pa.array([None if r["k"] is None else (f"key-{r['k']}" if text_keys else r["k"]) for r in rows],
+                      pa.string() if text_keys else pa.int64()),
+        "v": pa.array([r["v"] for r in rows], pa.string()),
+        "seq": pa.array([r["seq"] for r in rows], pa.int64()),
+        "IsDelete": pa.array([r["IsDelete"] for r in rows], pa.string()),
+        "op": pa.array([r["op"] for r in rows], pa.string()),
+        "source_file": pa.array([f"file{offset}"] * len(rows), pa.string()),
+        event_time.EVENT_TIME: pa.array([T0 + timedelta(minutes=r["minute"]) for r in rows],
+                                        pa.timestamp("us", tz="UTC")),
+    })
+    return cdc.tag(table, kind, 0 if numbered else offset)
+
+
+def _staged(cfg, table: pa.Table, offset: int, buckets: int, folder: str) -> tasks.Staged:
+    """A part staged as a stage task stages it: cut into buckets by key."""
+    which = bucket_of(table, cfg.cdc.primary_key, buckets)
+    paths = tuple(tasks.write_staged(Storage(cfg.storage), f"{folder}/{offset}.b{b}.arrow",
+                                     table.filter(pa.array(which == b))) if (which == b).any() else ""
+                  for b in range(buckets))
+    return tasks.Staged(offset, f"file{offset}", True, table.num_rows, schema=table.schema, buckets=paths)
+
+
+def _canonical(done: keyed.Reduction) -> tuple:
+    rows = done.rows.to_pylist() if done.rows is not None else None
+    bad = sorted((path, b.reason, b.raw) for path, b in done.bad)
+    key = lambda r: (r["k"] is None, str(r["k"]))  # noqa: E731 - the changes of one key are one row
+    return (sorted(rows, key=key) if rows is not None else None), bad, done.kept, done.late, done.latest, done.stale
+
+
+def _tombstones(cfg, text_keys: bool):
+    """Deletions of keys 0-2 at sequence 2: the batch's changes of those keys older than that are stale (each bucket's
+    task reads this table)."""
+    keys = [f"key-{k}" if text_keys else k for k in range(3)]
+    write_deltalake(str(cfg.tombstones), pa.table({"k": pa.array(keys, pa.string() if text_keys else pa.int64()),
+                                                   "seq": pa.array([2, 2, 2], pa.int64())}))
+    return delta_sink(cfg, cfg.tombstones)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=parts, strategy=st.sampled_from(sorted(KINDS)), sequence=st.booleans(),
+       update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]),
+       late_policy=st.sampled_from(["apply", "quarantine", "drop"]), watermark_minute=st.none() | st.integers(0, 10),
+       text_keys=st.booleans(), numbered=st.booleans(), buckets=st.integers(1, 5), kinds=st.randoms())
+def test_a_reduction_in_buckets_is_the_reduction_of_the_whole_batch(tmp_path_factory, data, strategy, sequence,
+                                                                    update_of_absent, late_policy, watermark_minute,
+                                                                    text_keys, numbered, buckets, kinds):
+    tmp = tmp_path_factory.mktemp("keyed")
+    cfg = _cfg(tmp, strategy, sequence, update_of_absent, late_policy)
+    watermark = None if watermark_minute is None else T0 + timedelta(minutes=watermark_minute)
+    kind_of = [kinds.choice(KINDS[strategy]) for _ in data]
+    if numbered:  # a Kafka batch: one source, the parts numbered from 0 each
+        kind_of = [kind_of[0]] * len(data)
+    tables = [_part(rows, kind, n, text_keys, numbered)
+              for n, (rows, kind) in enumerate(zip(data, kind_of, strict=True))]
+    batch_id = 7
+    whole = pa.concat_tables(tables)
+    if numbered:
+        whole = cdc.tag(whole.drop_columns([cdc.KIND, cdc.ORDER]), kind_of[0], batch_id)
+    tombstones = _tombstones(cfg, text_keys) if sequence else None
+    expected = keyed.reduction(whole, cfg, watermark, None, tombstones, _Quiet())
+    staged = [_staged(cfg, t, n, buckets, str(tmp / "staging")) for n, t in enumerate(tables)]
+    got, workers = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, batch_id, str(tmp / "staging"),
+                                       watermark, None, numbered=numbered)
+    assert _canonical(got) == _canonical(expected)
+    assert len(workers) == len({b for s in staged for b, path in enumerate(s.buckets) if path})
+
+
+class _Quiet:
+    def info(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_the_snapshot_files_and_retracted_files_are_taken_in_each_bucket(tmp_path):
+    """A snapshot batch: only the rows of the snapshot's files count, less those of files retracted."""
+    cfg = _cfg(tmp_path, "snapshot", False, "insert", "apply")
+    rows = [{"k": k, "v": "a", "seq": 0, "IsDelete": None, "op": "c", "minute": 0} for k in range(6)]
+    tables = [_part(rows[:3], "snapshot", 0, False, False), _part(rows, "snapshot", 1, False, False),
+              _part(rows[3:], "snapshot", 2, False, False)]
+    snapshot = cdc.Snapshot(("file1", "file2"), None, "file2")
+    staged = [_staged(cfg, t, n, 3, str(tmp_path / "staging")) for n, t in enumerate(tables)]
+    got, _ = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, 1, str(tmp_path / "staging"), None, snapshot,
+                                 retracted=("file1",))
+    assert sorted(got.rows.column("k").to_pylist()) == [3, 4, 5]
+    assert set(got.rows.column("source_file").to_pylist()) == {"file2"}
+
+
+def test_a_rows_bucket_is_the_same_in_every_process():
+    """Text keys hash by SipHash with pandas' fixed key, not Python's hash: another interpreter (another hash seed)
+    puts every row in the same bucket; every bucket gets rows."""
+    table = pa.table({"k": [f"key-{i}" for i in range(500)], "n": list(range(500))})
+    here = bucket_of(table, ["k", "n"], 4).tolist()
+    script = ("import json, pyarrow as pa; from lakefeed.batch.buckets import bucket_of; "
+              "t = pa.table({'k': [f'key-{i}' for i in range(500)], 'n': list(range(500))}); "
+              "print(json.dumps(bucket_of(t, ['k', 'n'], 4).tolist()))")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        assert json.loads(out.stdout) == here
+    assert sorted(set(here)) == [0, 1, 2, 3] and min(here.count(b) for b in range(4)) > 80
