@@ -56,6 +56,12 @@ COLLECTOR, HEAP_START = "-XX:+UseSerialGC", "-Xms64m"
 # at 20 entities a burst left 145 MB of it held; trimmed every 10 s, it goes back to the system (JDK 17.0.9 and
 # newer; an older JVM ignores it, as Spark starts it with -XX:+IgnoreUnrecognizedVMOptions).
 TRIM_NATIVE = "-XX:TrimNativeHeapInterval=10000"
+# Methods C2 must not compile. RangeExec.doProduce writes the Java source of a `spark.range` stage (each job that
+# spreads tasks plans one: SparkSpread.map); C1 gives up on it (out of virtual registers), so it runs interpreted until
+# C2 takes it, after about 49 minutes at 20 entities, inlining 36 KB of bytecode in a 4.4-s compile whose arenas
+# peaked at 229 MB of the JVM's memory. Left interpreted, as it was until then (docs/architecture.md, "glibc's malloc").
+UNCOMPILED = ("org.apache.spark.sql.execution.RangeExec::doProduce",)
+NOT_COMPILED = ("-XX:CompileCommand=quiet", *(f"-XX:CompileCommand=exclude,{method}" for method in UNCOMPILED))
 # Once the session has started, the heap keeps 10-30% of itself free after a full collection, not the JVM's 40-70%:
 # some 50 MiB less of it at 20 entities. Set at run time (they are manageable flags), not as options: from the
 # JVM's start the heap would grow from 64 MiB in small steps, each after a full collection, and every session's
@@ -121,13 +127,13 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
 
 
 def java_options(cfg: SparkConfig, java_version: str = "") -> str:
-    """The driver JVM's options: lakefeed's (-Xss16m, its heap's, its native heap trimmed, its log4j configuration at
-    `spark.log_level`, the class archive made at set-up for this `java_version`: daemon/ops/class_archive.py), then
-    those of `spark.conf`, which win where they differ (a JVM takes the last of a repeated option). Our collector
-    only if theirs name none: a JVM refuses two."""
+    """The driver JVM's options: lakefeed's (-Xss16m, its heap's, its native heap trimmed, the methods C2 must not
+    compile, its log4j configuration at `spark.log_level`, the class archive made at set-up for this `java_version`:
+    daemon/ops/class_archive.py), then those of `spark.conf`, which win where they differ (a JVM takes the last of a
+    repeated option). Our collector only if theirs name none: a JVM refuses two."""
     theirs = cfg.conf.get("spark.driver.extraJavaOptions", "")
     collector = "" if re.search(r"-XX:\+Use(Serial|Parallel|G1|Z|Shenandoah|Epsilon)GC\b", theirs) else COLLECTOR
-    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START, TRIM_NATIVE,
+    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START, TRIM_NATIVE, *NOT_COMPILED,
             f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
             f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
     return " ".join(option for option in [*ours, theirs] if option).strip()
