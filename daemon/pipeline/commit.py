@@ -109,7 +109,7 @@ class Committer:
         """Commit a keyed batch whose rows are in this process (bench/cdc_merge.py); the daemon's are reduced by
         tasks (daemon/pipeline/keyed.py)."""
         watermark = self.watermark_before(result.batch_id)
-        done = keyed.reduction(data, self.cfg, watermark, snapshot, self.sinks.tombstones, log_)
+        done = keyed.reduction(data, self.cfg, watermark, snapshot, self.sinks.tombstones)
         self.commit_reduced(done, bad, result, checked_at, log_, snapshot, watermark)
 
     def commit_reduced(self, done: keyed.Reduction, bad: list[tuple[str, BadRow]], result: BatchResult,
@@ -127,6 +127,8 @@ class Committer:
             meta["lakefeed.reducers"] = json.dumps(result.reducers)
         bad = [*bad, *done.bad]
         result.late = done.late
+        if done.late and self.cfg.event_time.late_policy == "drop":
+            log_.info("rows.late_dropped", rows=done.late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
         new_watermark = event_time.advance_to(watermark, done.latest, self.cfg.event_time)
         result.watermark = new_watermark
         result.stale = done.stale

@@ -76,11 +76,11 @@ def commit_or_park(committer: Committer, commit: Callable[[], None], staged: lis
         if not data_fault(exc) or _partly_committed(committer, result.batch_id):
             raise  # a batch some table already holds is completed on replay, never parked in part
         reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"
-        log_.error("batch.parked", error=reason, rows=sum(s.rows for s in staged))
     tables = [tasks.read_staged(committer.cfg, path) for s in staged for path in s.paths]
     data = pa.concat_tables(tables, promote_options="permissive") if tables else None
     if data is not None and retracted:
         data = data.filter(pc.invert(pc.is_in(data.column("source_file"), pa.array(list(retracted), pa.string()))))
+    log_.error("batch.parked", error=reason, rows=data.num_rows if data is not None else 0)
     _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason)
 
 

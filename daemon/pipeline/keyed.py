@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefeed import clock, failpoints, log
+from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.read import BadRow
 from lakefeed.config.model import EntityConfig
@@ -25,8 +24,6 @@ from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.pipeline import tasks
 from lakefeed.pipeline.sinks import delta_sink
-
-_log = log.get(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,8 +39,9 @@ class Reduction:
 
 
 def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | None,
-              snapshot: cdc.Snapshot | None, tombstones: TableSink | None, log_: Any) -> Reduction:
-    """Kinds resolved, late rows set apart, one change per key, less those a deletion in `tombstones` is newer than."""
+              snapshot: cdc.Snapshot | None, tombstones: TableSink | None) -> Reduction:
+    """Kinds resolved, late rows set apart (the commit logs those it drops), one change per key, less those a
+    deletion in `tombstones` is newer than."""
     if data is None:
         return Reduction(None)
     data, bad = cdc.resolve_kinds(data, cfg.cdc)
@@ -55,8 +53,6 @@ def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | No
             if cfg.event_time.late_policy == "quarantine":
                 reason = f"late: event time behind the watermark {clock.to_cdm(watermark)}"  # type: ignore[arg-type]
                 bad = [*bad, *cdc.bad_rows(data.filter(pa.array(mask)), reason)]
-            else:
-                log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
             data = data.filter(pa.array(~mask))
     latest = pc.max(data.column(event_time.EVENT_TIME)).as_py() if data.num_rows else None
     reduced, dropped = cdc.reduce(data, cfg.cdc, snapshot)
@@ -123,7 +119,7 @@ def reduce_bucket(job: ReduceJob) -> Reduced:
         data = data.filter(pc.invert(pc.is_in(data.column("source_file"), pa.array(job.retracted, pa.string()))))
     # The tombstones read here, by delta-rs whichever writer wrote them: each task looks up its own keys.
     tombstones = delta_sink(cfg, cfg.tombstones) if cfg.cdc.sequence_by else None
-    done = reduction(data, cfg, job.watermark, job.snapshot, tombstones, _log.bind(entity=cfg.name))
+    done = reduction(data, cfg, job.watermark, job.snapshot, tombstones)
     if done.rows is None:
         return Reduced(done, None, where)
     path = tasks.write_staged(Storage(cfg.storage), f"{job.out}-a{attempt}.arrow", done.rows)
@@ -142,7 +138,9 @@ def reduce_staged(spread: tasks.Spread, cfg: EntityConfig, staged: list[tasks.St
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     parts = [s for s in staged if s.rows]
     if not parts:  # no rows, but what they would be: that makes the table (and a snapshot's empty state)
-        return reduction(schema.empty_table(), cfg, watermark, snapshot, None, _log.bind(entity=cfg.name)), []
+        return reduction(schema.empty_table(), cfg, watermark, snapshot, None), []
+    widths = {len(s.buckets) for s in parts}
+    assert len(widths) == 1, f"a batch's parts were cut into different numbers of buckets: {sorted(widths)}"
     shifted, before = [], 0
     for s in parts:
         shifted.append((s, batch_id * cdc.ROWS_PER_SOURCE + before if numbered else 0))
