@@ -264,3 +264,49 @@ def test_bench_smoke(name: str) -> None:
     assert code == 0, f"bench/{name}.py --smoke exited with {code}: {report.get('error')}\n{err[-5000:]}"
     assert report.get("smoke") is True, "the report does not say it was a smoke run"
     CHECKS[name](report)
+
+
+SHARED_MEMORY_CHILD = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static int child(void *arg) { pause(); return 0; }
+int main(void) {
+    char *stack = malloc(1 << 16);
+    int pid = clone(child, stack + (1 << 16), CLONE_VM | SIGCHLD, NULL);
+    printf("%d\n", pid);
+    fflush(stdout);
+    waitpid(pid, NULL, 0);
+    return 0;
+}
+"""
+
+
+def test_a_child_that_has_its_parents_memory_is_counted_once(tmp_path):
+    """A child started with vfork (posix_spawn: how a JVM starts a process) has its parent's address space until it
+    execs, and /proc shows it as its own: bench/memory.py counted the JVM twice in such a sample. Here a child made
+    with clone(CLONE_VM) stays in that state; the benches' process sampling counts its memory in the parent only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "_common.py")
+    assert spec is not None and spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = common  # its dataclasses look their module up there
+    spec.loader.exec_module(common)
+    source, binary = tmp_path / "shared.c", tmp_path / "shared"
+    source.write_text(SHARED_MEMORY_CHILD)
+    subprocess.run(["cc", "-O1", "-o", str(binary), str(source)], check=True, timeout=120)
+    parent = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(parent.stdout.readline())
+        procs = common.session_processes(parent.pid, pss=True)
+        assert set(procs) == {parent.pid, child}
+        assert common.shares_memory(child, parent.pid) and not common.shares_memory(child, os.getpid())
+        assert procs[parent.pid].pss_mib > 0 and procs[child].pss_mib == 0
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
