@@ -92,7 +92,8 @@ def _canonical(done: keyed.Reduction) -> tuple:
 def _tombstones(cfg, text_keys: bool, key_type: pa.DataType):
     """Deletions of keys 0-2 at sequence 2, keyed as the batch (conformed to the table, which the tombstones
     follow): the batch's changes of those keys older than that are stale (each bucket's task reads this table)."""
-    keys = pa.array([f"key-{k}" for k in range(3)] if text_keys else [0, 1, 2]).cast(key_type)
+    keys = pa.array([f"key-{k}" for k in range(3)]) if text_keys else \
+        pa.array([Decimal(k) for k in range(3)], pa.decimal128(5, 0)).cast(key_type)  # an int64 fits no decimal(12,3)
     write_deltalake(str(cfg.tombstones), pa.table({"k": keys, "seq": pa.array([2, 2, 2], pa.int64())}))
     return delta_sink(cfg, cfg.tombstones)
 
