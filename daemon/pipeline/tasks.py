@@ -230,8 +230,9 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
         url = write_staged(store, f"{job.staging}/{offset}.arrow", table)
         return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
     which = bucket_of(table, cfg.cdc.primary_key, job.buckets)
-    buckets = tuple(write_staged(store, f"{job.staging}/{offset}.b{b}.arrow", table.filter(pa.array(which == b)))
-                    if (which == b).any() else "" for b in range(job.buckets))
+    masks = [which == b for b in range(job.buckets)]
+    buckets = tuple(write_staged(store, f"{job.staging}/{offset}.b{b}.arrow", table.filter(pa.array(mask)))
+                    if mask.any() else "" for b, mask in enumerate(masks))
     return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, None, latest, where,
                   buckets)
 
