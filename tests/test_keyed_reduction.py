@@ -75,10 +75,7 @@ def _part(rows: list[dict], kind: str, offset: int, text_keys: bool, numbered: b
 
 def _staged(cfg, table: pa.Table, offset: int, buckets: int, folder: str) -> tasks.Staged:
     """A part staged as a stage task stages it: cut into buckets by key."""
-    which = bucket_of(table, cfg.cdc.primary_key, buckets)
-    paths = tuple(tasks.write_staged(Storage(cfg.storage), f"{folder}/{offset}.b{b}.arrow",
-                                     table.filter(pa.array(which == b))) if (which == b).any() else ""
-                  for b in range(buckets))
+    paths = tasks.write_buckets(Storage(cfg.storage), f"{folder}/{offset}", table, cfg.cdc.primary_key, buckets)
     return tasks.Staged(offset, f"file{offset}", True, table.num_rows, schema=table.schema, buckets=paths)
 
 

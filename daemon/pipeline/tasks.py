@@ -229,12 +229,17 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
     if not job.buckets:
         url = write_staged(store, f"{job.staging}/{offset}.arrow", table)
         return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
-    which = bucket_of(table, cfg.cdc.primary_key, job.buckets)
-    masks = [which == b for b in range(job.buckets)]
-    buckets = tuple(write_staged(store, f"{job.staging}/{offset}.b{b}.arrow", table.filter(pa.array(mask)))
-                    if mask.any() else "" for b, mask in enumerate(masks))
+    buckets = write_buckets(store, f"{job.staging}/{offset}", table, cfg.cdc.primary_key, job.buckets)
     return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, None, latest, where,
                   buckets)
+
+
+def write_buckets(store: Storage, name: str, table: pa.Table, keys: tuple[str, ...], buckets: int) -> tuple[str, ...]:
+    """`table` cut into `buckets` by key, a file each (`name`.b<n>.arrow; "": a bucket without rows)."""
+    which = bucket_of(table, keys, buckets)
+    masks = [which == b for b in range(buckets)]
+    return tuple(write_staged(store, f"{name}.b{b}.arrow", table.filter(pa.array(mask))) if mask.any() else ""
+                 for b, mask in enumerate(masks))
 
 
 def write_staged(store: Storage, url: str, table: pa.Table) -> str:
