@@ -7,6 +7,7 @@ from datetime import UTC, date, datetime
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -89,3 +90,21 @@ def test_statistics_bound_every_value_as_delta_rs_s_do(tmp_path_factory, rows):
 def test_the_prefix_of_a_batch_names_its_files(name):
     assert name.startswith(data_files.prefix("a", 1))
     assert not name.startswith(data_files.prefix("a", 10))
+
+
+def test_only_columns_whose_values_repeat_get_a_parquet_dictionary_and_every_value_reads_back(tmp_path):
+    n = 20_000
+    data = pa.table({
+        "offset": pa.array(range(n), pa.int64()),  # every value differs
+        "category": pa.array([["books", "games", None][i % 3] for i in range(n)]),
+        "late": pa.array([i % 7 for i in range(10_000)] + list(range(10_000)), pa.int64()),  # repeats at first
+        "nothing": pa.nulls(n, pa.string()),
+    })
+    files = _commit(tmp_path / "t", data)
+    metadata = pq.ParquetFile(tmp_path / "t" / files[0].path).metadata.row_group(0)
+    dictionary = {metadata.column(i).path_in_schema for i in range(metadata.num_columns)
+                  if "RLE_DICTIONARY" in metadata.column(i).encodings}
+    assert dictionary == {"category", "late", "nothing"}
+    assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().sort_by("offset").equals(data)
+    # a type no kernel counts (here: null) keeps the writer's default, a dictionary
+    assert data_files.dictionary_columns(pa.table({"n": pa.nulls(3), "u": [1, 2, 3]})) == ["n"]

@@ -63,6 +63,20 @@ def test_limits_refuse_a_file_before_a_parser_sees_it(tmp_path):
         read_landed(landed, JsonFormat(kind="ndjson"), None, Limits(max_file_bytes=100))
 
 
+@pytest.mark.parametrize(("first_line", "taken"), [(100_000, True), (300_000, False)])
+def test_a_first_line_longer_than_the_first_read_is_measured_to_the_limit(tmp_path, first_line, taken):
+    path = tmp_path / "long.csv"
+    path.write_bytes(b"a" * first_line + b"\n" + b"b\n")  # one column whose header name is the line
+    limits = Limits(max_line_bytes=200_000)
+    with Landed(path, tmp_path, False) as landed:
+        if taken:
+            read = read_landed(landed, CsvFormat(), None, limits)
+            assert read.table is not None and read.table.num_rows == 1
+        else:
+            with pytest.raises(Unreadable, match="max_line_bytes"):
+                read_landed(landed, CsvFormat(), None, limits)
+
+
 def test_a_file_written_while_it_is_read_is_not_taken_in_part(tmp_path):
     path = tmp_path / "growing.csv"
     path.write_text("id\n" + "".join(f"{i}\n" for i in range(1000)))

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from lakefeed.inbox.storage import make_folder
 
 _STAT_CHARS = 32  # string statistics longer than this are left out (Delta readers only prune with them)
+_SAMPLE = 1024  # rows a column's first values are counted in, to choose its encoding
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -52,10 +53,10 @@ def prefix(token: str, batch_id: int) -> str:
 
 
 def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_by: tuple[str, ...] = (),
-          unique_columns: tuple[str, ...] = (), seen: Seen | None = None) -> list[DataFile]:
-    """`data` as one Parquet file per partition under `root` (Hive-style folders), each named `name`-<n>-<uuid>.
-    `unique_columns` are written without dictionaries (offsets: every value differs). `seen` is given each file with
-    its rows and its bytes (encoded in memory first then, not streamed), for a caller that hashes what it wrote."""
+          seen: Seen | None = None) -> list[DataFile]:
+    """`data` as one Parquet file per partition under `root` (Hive-style folders), each named `name`-<n>-<uuid>,
+    dictionary-encoding the columns whose values repeat (`dictionary_columns`). `seen` is given each file with its
+    rows and its bytes (encoded in memory first then, not streamed), for a caller that hashes what it wrote."""
     groups = _partitions(data, partition_by) if partition_by else [({}, data)]
     files = []
     for n, (values, rows) in enumerate(groups):
@@ -64,8 +65,7 @@ def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_b
             f"{name}-{n}-{uuid.uuid4().hex}.parquet"
         path = posixpath.join(root, relative)
         make_folder(fs, posixpath.dirname(path))
-        dictionary: bool | list[str] = [c for c in rows.column_names if c not in unique_columns] \
-            if unique_columns else True
+        dictionary = dictionary_columns(rows)
         encoded = None
         if seen is not None:
             sink = pa.BufferOutputStream()
@@ -83,6 +83,23 @@ def write(fs: pafs.FileSystem, root: str, data: pa.Table, name: str, partition_b
             seen(file, rows, encoded)
         files.append(file)
     return files
+
+
+def dictionary_columns(rows: pa.Table) -> list[str]:
+    """The columns worth a Parquet dictionary: those with repeats among their first values. The writer's default,
+    a dictionary for every column, builds one for columns of (nearly) distinct values too (offsets, ids, times)
+    until the dictionary outgrows its page and it falls back to plain values: that doubled the time of writing a
+    file and made it larger (docs/architecture.md, Figures)."""
+    out = []
+    for name, column in zip(rows.column_names, rows.columns, strict=True):
+        sample = column.slice(0, _SAMPLE)
+        try:
+            repeats = pc.count_distinct(sample, mode="all").as_py() * 2 <= len(sample)
+        except pa.ArrowNotImplementedError:
+            repeats = True  # a type the count has no kernel for (null, dictionary, nested): the writer's default
+        if repeats:
+            out.append(name)
+    return out
 
 
 def _partitions(data: pa.Table, columns: tuple[str, ...]) -> list[tuple[dict[str, str | None], pa.Table]]:

@@ -22,6 +22,8 @@ from lakefeed.config.limits import Limits
 from lakefeed.config.model import CsvFormat, FileFormat
 from lakefeed.inbox.files import not_regular
 
+_FIRST_READ = 64 << 10  # bytes read for the first line before all that limits.max_line_bytes allows
+
 
 class Unreadable(Exception):
     """The file cannot be taken; the message is the quarantine's reason."""
@@ -67,7 +69,9 @@ class Landed:
             self._check_depth(limits)
         if fmt.kind == "parquet" or fmt.kind == "json":  # json: parsed by Python, whose depth limit is caught
             return
-        head = os.pread(self._fd, limits.max_line_bytes + 1, 0)
+        head = os.pread(self._fd, min(_FIRST_READ, limits.max_line_bytes + 1), 0)
+        if b"\n" not in head and len(head) == _FIRST_READ:  # a long first line: read as far as the limit
+            head = os.pread(self._fd, limits.max_line_bytes + 1, 0)
         end = head.find(b"\n")
         if end == -1 and len(head) > limits.max_line_bytes:
             raise Unreadable(f"the first line is longer than limits.max_line_bytes ({limits.max_line_bytes})")

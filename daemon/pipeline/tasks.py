@@ -289,7 +289,7 @@ def write(job: WriteJob) -> Written:
                 described.append((file.path, description))
 
         changelog = data_files.write(out, root, build_changelog(rows, job.first_offset, job.batch_id, job.checked_at),
-                                     name, unique_columns=("offset",), seen=seen)
+                                     name, seen=seen)
     if job.table:
         out, root = store.fs_of(cfg.table)
         table = data_files.write(out, root, data_columns(rows), name, partition_by=cfg.partition_by)
