@@ -1,8 +1,10 @@
 """Scale-out benchmark: the same landing load through lakefeed on one Spark executor, then on two.
 
 Each run starts the daemon (`lakefeed run`) with `spark.master` = `local-cluster[N,1,1024]` (N executor JVMs of one
-core each, with their own Python workers: a cluster on one machine), renames the same N CSV x M rows into its
-landing folder and ends when the Delta table holds every file. rows/s = rows / (last table commit - first landing).
+core each, with their own Python workers: a cluster on one machine), waits for its warm-up (`spark.warmed_up`:
+every core's Python worker started, so the load meets a running cluster, as a long-lived daemon's does), renames
+the same N CSV x M rows into its landing folder and ends when the Delta table holds every file.
+rows/s = rows / (last table commit - first landing).
 
 While it runs, every process of the daemon's session is sampled (utime + stime from /proc) and sorted by kind:
 the driver (the daemon's Python process, which plans and commits), the driver's JVM, the executors' JVMs, the
@@ -154,6 +156,9 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, keye
     sampler = Sampler(proc.pid).start()
     try:
         wait_ready(proc, log_path, deadline)
+        while not any(e["event"] == "spark.warmed_up" for e in log_events(log_path)[0]):
+            deadline.check("waiting for the Spark session's warm-up")  # every executor's worker started: the
+            time.sleep(0.1)  # load meets a running cluster, as a long-lived daemon's does
         before = sampler.snapshot()  # start-up's CPU is not the load's
         busy = machine_busy()
         landed = land(staging, work / "landing" / "data", names, 0.0)

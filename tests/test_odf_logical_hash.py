@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed.odf import multiformats
+from lakefeed.odf import logical_hash, multiformats
 from lakefeed.odf.logical_hash import logical_digest, logical_multihash
 
 REF = Path(__file__).parent / "arrow_digest_ref"
@@ -117,3 +117,15 @@ def test_types_the_crate_cannot_hash_are_refused_by_name():
         logical_digest(pa.table({"d": pa.array([1], pa.duration("s"))}))
     with pytest.raises(ValueError, match="column 'm'"):
         logical_digest(pa.table({"m": pa.array([{"a": 1}], pa.map_(pa.string(), pa.int64()))}))
+
+
+def test_a_task_given_one_core_hashes_in_its_own_thread_to_the_same_digest(monkeypatch):
+    table = pa.table({"a": list(range(1000)), "b": [str(i % 7) for i in range(1000)], "c": [1.5] * 1000})
+    spread = logical_digest(table)  # the pool's threads, the machine's cores
+    before = pa.cpu_count()
+    pa.set_cpu_count(1)  # as in a Spark executor of one core (OMP_NUM_THREADS=1)
+    try:
+        monkeypatch.setattr(logical_hash, "ThreadPoolExecutor", None)  # any pool would fail here
+        assert logical_digest(table) == spread
+    finally:
+        pa.set_cpu_count(before)

@@ -36,9 +36,6 @@ from lakefeed.odf import multiformats
 
 _CHUNK = 1 << 18  # values encoded at a time: bounds the memory their encodings take
 _U64 = np.dtype("<u8")
-
-
-_WORKERS = 2
 BATCH_ROWS = 10_000  # kamu's `get_parquet_logical_hash` reads a slice in batches of this many rows
 
 
@@ -49,7 +46,9 @@ def logical_multihash(table: pa.Table | pa.RecordBatch) -> bytes:
 def logical_digest(table: pa.Table | pa.RecordBatch, batch_rows: int = BATCH_ROWS) -> bytes:
     """The digest of `table` as kamu computes it over the slice read in batches of `batch_rows` rows (only a
     struct whose fields have nulls of their own hashes differently in other batches). The columns are hashed in
-    parallel: SHA3 and Arrow's kernels run outside the GIL."""
+    parallel, as many at once as Arrow's CPU pool has threads (SHA3 and Arrow's kernels run outside the GIL): in a
+    Spark executor those are its cores, as Spark sets OMP_NUM_THREADS and Arrow follows it, so a task takes no
+    more cores than it was given."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     record = hashlib.sha3_256()
@@ -71,9 +70,14 @@ def logical_digest(table: pa.Table | pa.RecordBatch, batch_rows: int = BATCH_ROW
         else:
             columns[leaf][2].extend((chunk, _validity(chunk)) for chunk in column.chunks)
             leaf += 1
-    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        for digest in pool.map(_column_digest, columns):
-            record.update(digest)
+    workers = min(pa.cpu_count(), len(columns))
+    if workers <= 1:
+        digests = [_column_digest(c) for c in columns]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            digests = list(pool.map(_column_digest, columns))
+    for digest in digests:
+        record.update(digest)
     return record.digest()
 
 

@@ -57,6 +57,7 @@ def warm_up(cfg: LakefeedConfig, session: SparkSession) -> None:
 
 
 def _warm(cfg: LakefeedConfig, session: SparkSession, delta: bool) -> None:
+    started = time.monotonic()
     try:
         spark.warm_up(session)
     except Exception as exc:  # a stop under way (the session is going)
@@ -68,6 +69,7 @@ def _warm(cfg: LakefeedConfig, session: SparkSession, delta: bool) -> None:
         spark.keep_heap_small(session)  # once started: daemon/ops/spark.py's HEAP_FREE
     except Exception as exc:  # a stop under way
         _log.info("spark.heap_left_as_is", error=" ".join(str(exc).splitlines()[:1])[:300])
+    _log.info("spark.warmed_up", seconds=round(time.monotonic() - started, 3))
 
 
 def _warm_delta(cfg: LakefeedConfig, session: SparkSession) -> None:
