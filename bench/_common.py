@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,15 +163,16 @@ def session_processes(session: int, pss: bool = False) -> dict[int, Process]:
             if session not in (int(fields[3]), int(fields[1])):
                 continue
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text(encoding="ascii") if pss else ""
+            # A child that has its parent's memory (and shows it as its own) is counted in the parent only. Asked
+            # before the read: such a child only ever stops sharing (it execs), so one that shares nothing now
+            # shows only its own memory next; asked after, a child that exec'd between the two showed the parent's.
+            own = pss and not shares_memory(int(entry), int(fields[1]))
+            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text(encoding="ascii") if own else ""
         except OSError:
             continue  # gone meanwhile
         kib = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
         cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
         out[int(entry)] = Process(int(entry), int(fields[1]), cpu, cmdline, kib / 1024)
-    if pss:  # a child that has its parent's memory (and shows it as its own) is counted in the parent only
-        out = {pid: replace(proc, pss_mib=0.0) if proc.ppid in out and shares_memory(pid, proc.ppid) else proc
-               for pid, proc in out.items()}
     return out
 
 

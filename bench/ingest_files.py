@@ -14,6 +14,9 @@ Measures, in one run:
   deltalake.write_deltalake, no Spark, grouped in the same batches lakefeed made (one append
   per batch). Two variants: the data table only ("single table", the reference for the
   ratio) and the data table plus a changelog table with lakefeed's 6 extra columns.
+* the CPU a row costs in each step of lakefeed's append path and of the floor, on the first files, in this process
+  (bench/_row_costs.py): their quotient is the `ceiling`, the ratio lakefeed would reach with nothing but its row
+  work on a machine the load keeps busy.
 
 Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the
 run completed (whether or not the ratio goal is met), 1 on failure or timeout.
@@ -35,6 +38,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import _row_costs
 import _spark_peer
 import numpy as np
 import pyarrow as pa
@@ -56,11 +60,13 @@ from _common import (  # bench/ is the script folder, so on sys.path
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
+from lakefeed.config.model import load
 from lakefeed.connectors.sinks.delta_log import commit_metadata
 
 ENTITY = "bench"
 METADATA_KEY = "lakefeed.partitions"
-GOAL_RATIO = 0.6
+GOAL_RATIO = 0.8  # issue #20
+COST_FILES = 8  # files the CPU of each step is measured on (_row_costs.py)
 GOAL_VS_SPARK = 1.5
 SEED = 20240601
 LAKEFEED = Path(sys.executable).parent / "lakefeed"
@@ -446,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
         floor_cl = run_floor(data_dir, work / "floor2", groups, with_changelog=True, deadline=deadline)
         say(f"  {floor_cl['rows_per_s']:,.0f} rows/s ({floor_cl['elapsed_s']}s)")
 
+        say("CPU per row of each step, lakefeed's and the floor's (bench/_row_costs.py)")
+        costs = _row_costs.measure(load(work / "lakefeed.yaml").entities[0],
+                                   [data_dir / n for n in names[:COST_FILES]], FLOOR_TYPES, work / "costs")
+        say(f"  lakefeed {costs['lakefeed_cpu_us_per_row']} us, floor {costs['floor_cpu_us_per_row']} us: "
+            f"ceiling {costs['ceiling']}")
+
         say("Spark peer: Structured Streaming readStream.csv -> delta-spark")
         spark_peer = run_spark_peer(work, peer_staging, names, args.rows, args, deadline)
         say(f"  {spark_peer['rows_per_s']:,.0f} rows/s, p99 {spark_peer['latency_p99_s']:.2f}s")
@@ -462,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             "floor_with_changelog_rows_per_s": round(floor_cl["rows_per_s"]),
             "ratio_vs_floor_with_changelog": round(lf["rows_per_s"] / floor_cl["rows_per_s"], 3),
             "goal_ratio": GOAL_RATIO,
+            "ceiling": costs["ceiling"],  # the ratio with nothing but the row work (bench/_row_costs.py)
+            "row_costs": costs,
             "goal_met": ratio >= GOAL_RATIO,
             "spark_peer_rows_per_s": round(spark_peer["rows_per_s"]),
             "ratio_vs_spark_peer": round(vs_spark, 3),

@@ -93,6 +93,14 @@ def check_ingest_files(r: dict[str, Any]) -> None:
     for b in r["lakefeed_batches_from_log"]:
         assert set(b["stages_s"]) == {"collect", "discover", "tasks", "commit", "manifests"}, b
         assert 0 < sum(b["stages_s"].values()) <= b["batch_s"] + 0.01, b
+    # The CPU of each step (bench/_row_costs.py), over every row of the files it read, and the ceiling they make.
+    costs = r["row_costs"]
+    assert costs["files"] == min(8, r["files"]) and costs["rows"] == costs["files"] * r["rows_per_file"]
+    assert all(v > 0 for v in costs["cpu_us_per_row"].values()) and len(costs["cpu_us_per_row"]) == 8, costs
+    assert math.isclose(costs["floor_cpu_us_per_row"] + costs["lakefeed_cpu_us_per_row"],
+                        sum(costs["cpu_us_per_row"].values()), abs_tol=1e-3)
+    ceiling = round(costs["floor_cpu_us_per_row"] / costs["lakefeed_cpu_us_per_row"], 3)
+    assert r["ceiling"] == costs["ceiling"] == ceiling
 
 
 def check_scale_out(r: dict[str, Any]) -> None:
@@ -274,7 +282,12 @@ SHARED_MEMORY_CHILD = r"""
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-static int child(void *arg) { pause(); return 0; }
+static int child(void *arg) {  /* shares the parent's memory until a byte on stdin: then it execs */
+    char c;
+    if (read(0, &c, 1) == 1) execl("/bin/sleep", "sleep", "60", (char *) NULL);
+    pause();
+    return 0;
+}
 int main(void) {
     char *stack = malloc(1 << 16);
     int pid = clone(child, stack + (1 << 16), CLONE_VM | SIGCHLD, NULL);
@@ -286,11 +299,14 @@ int main(void) {
 """
 
 
-def test_a_child_that_has_its_parents_memory_is_counted_once(tmp_path):
+def test_a_child_that_has_its_parents_memory_is_counted_once(tmp_path, monkeypatch):
     """A child started with vfork (posix_spawn: how a JVM starts a process) has its parent's address space until it
     execs, and /proc shows it as its own: bench/memory.py counted the JVM twice in such a sample. Here a child made
-    with clone(CLONE_VM) stays in that state; the benches' process sampling counts its memory in the parent only."""
+    with clone(CLONE_VM) stays in that state until told to exec; the benches' process sampling counts its memory in
+    the parent only, also when it execs just after its memory would have been read, and as its own once it has."""
     import importlib.util
+    import pathlib
+    import time
 
     spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "_common.py")
     assert spec is not None and spec.loader is not None
@@ -300,13 +316,38 @@ def test_a_child_that_has_its_parents_memory_is_counted_once(tmp_path):
     source, binary = tmp_path / "shared.c", tmp_path / "shared"
     source.write_text(SHARED_MEMORY_CHILD)
     subprocess.run(["cc", "-O1", "-o", str(binary), str(source)], check=True, timeout=120)
-    parent = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+
+    def execs() -> None:
+        parent.stdin.write("x")
+        parent.stdin.flush()
+        deadline = time.monotonic() + 10
+        while common.shares_memory(child, parent.pid):
+            assert time.monotonic() < deadline, "the child did not exec"
+            time.sleep(0.01)
+
+    class ExecsOnceRead(pathlib.PosixPath):
+        def read_text(self, *args, **kwargs):
+            text = super().read_text(*args, **kwargs)
+            if str(self) == f"/proc/{child}/smaps_rollup":
+                execs()  # between the read and anything asked after it
+            return text
+
     try:
         child = int(parent.stdout.readline())
         procs = common.session_processes(parent.pid, pss=True)
         assert set(procs) == {parent.pid, child}
         assert common.shares_memory(child, parent.pid) and not common.shares_memory(child, os.getpid())
         assert procs[parent.pid].pss_mib > 0 and procs[child].pss_mib == 0
+        with monkeypatch.context() as patched:
+            patched.setattr(common, "Path", ExecsOnceRead)
+            raced = common.session_processes(parent.pid, pss=True)
+        assert raced[parent.pid].pss_mib > 0 and raced[child].pss_mib == 0
+        if common.shares_memory(child, parent.pid):
+            execs()
+        exec_ed = common.session_processes(parent.pid, pss=True)
+        assert b"sleep" in exec_ed[child].cmdline and exec_ed[child].pss_mib > 0  # its own now
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()

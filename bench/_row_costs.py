@@ -1,0 +1,89 @@
+"""Where a row's CPU goes: each step of the append path, as its tasks run it, beside the floor's two steps, on the
+same files in this process (time.process_time: the CPU of every thread, Arrow's and delta-rs's included).
+
+On a machine whose cores the load keeps busy, rows/s is the cores over the CPU a row costs, so the floor's CPU per
+row over lakefeed's is the ratio lakefeed could reach with nothing but its row work: the `ceiling` of
+ingest_files.py's ratio. What the measured ratio lacks beyond it is the daemon's own cost (Spark's jobs, the
+commit, the manifests, cores left idle).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+from deltalake import write_deltalake
+
+from lakefeed.batch.changelog import build_changelog, data_columns
+from lakefeed.batch.discovery import Partition
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks import data_files
+from lakefeed.inbox.files import InboxRecord
+from lakefeed.odf import slices
+from lakefeed.pipeline import tasks
+
+T = TypeVar("T")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def __call__(self, step: str, work: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        start = time.process_time()
+        out = work(*args, **kwargs)
+        self.spent[step] = self.spent.get(step, 0.0) + time.process_time() - start
+        return out
+
+
+def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType], work: Path) -> dict:
+    """CPU microseconds per row of each step over `files` (landed CSVs of one schema), and the ceiling. A pass over
+    the first file comes first, uncounted: it loads code and warms the caches, which neither run pays per row."""
+    _steps(_Clock(), cfg, files[:1], floor_types, work / "warm-up")
+    clock = _Clock()
+    rows = _steps(clock, cfg, files, floor_types, work / "measured")
+    per_row = {step: round(seconds / rows * 1e6, 4) for step, seconds in clock.spent.items()}
+    floor_us = sum(v for k, v in per_row.items() if k.startswith("floor"))
+    lakefeed_us = sum(v for k, v in per_row.items() if not k.startswith("floor"))
+    return {"rows": rows, "files": len(files), "cpu_us_per_row": per_row, "floor_cpu_us_per_row": round(floor_us, 4),
+            "lakefeed_cpu_us_per_row": round(lakefeed_us, 4), "ceiling": round(floor_us / lakefeed_us, 3)}
+
+
+def _steps(clock: _Clock, cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType],
+           work: Path) -> int:
+    fs = pafs.LocalFileSystem()
+    now = datetime.now(UTC)
+    convert = pacsv.ConvertOptions(column_types=floor_types)
+    floor = [clock("floor: read", pacsv.read_csv, path, convert_options=convert) for path in files]
+    clock("floor: write_deltalake", write_deltalake, str(work / "floor"), pa.concat_tables(floor), mode="append")
+    rows, target = 0, None
+    for n, path in enumerate(files):
+        stat = path.stat()
+        record = InboxRecord(n, str(path), stat.st_size, stat.st_mtime_ns, now.isoformat())
+        job = tasks.StageJob(cfg, ((record, Partition(f"data/{path.name}")),), target, now, None,
+                             str(work / "staging"))
+        staged = clock("stage: read, conform, stamp, stage", tasks.stage, job)[0]
+        target = target or staged.schema
+        data = clock("write: read the staged rows", tasks.read_staged, cfg, staged.path)
+        changelog = clock("write: changelog rows", build_changelog, data, rows, 0, now)
+        seen: list[tuple[pa.Table, pa.Buffer]] = []
+        clock("write: changelog file (Parquet, statistics)", data_files.write, fs, str(work / "changelog"),
+              changelog, f"part-cost-{n}", seen=partial(_keep, seen))
+        for written, encoded in seen:
+            clock("write: changelog slice hashes (ODF)", slices.describe, written, encoded)
+        clock("write: table file (Parquet, statistics)", data_files.write, fs, str(work / "table"),
+              data_columns(data), f"part-cost-{n}")
+        rows += data.num_rows
+    return rows
+
+
+def _keep(into: list[tuple[pa.Table, pa.Buffer]], _file: data_files.DataFile, written: pa.Table,
+          encoded: pa.Buffer) -> None:
+    into.append((written, encoded))
