@@ -169,18 +169,22 @@ def test_user_metadata_of_others_is_left_alone():
     assert mine["lakefeed.batch_id"] == "4" and "other" not in mine
 
 
-def test_the_sessions_warm_up_says_when_it_is_done(spark, tmp_path):
-    """`spark.warmed_up`: what a benchmark of steady throughput waits for (bench/scale_out.py)."""
+def test_the_sessions_warm_up_says_when_it_is_done(spark, tmp_path, monkeypatch):
+    """`spark.warmed_up`: what a benchmark of steady throughput waits for (bench/scale_out.py), once the heap's
+    ratios are set (here only recorded: once set, the suite's shared JVM could not show its defaults again)."""
     from structlog.testing import capture_logs
 
     from lakefeed.config import model as config
     from lakefeed.ops import writers
     from tests.conftest import entity_yaml, write_config
 
+    kept = []
+    monkeypatch.setattr(writers.spark, "keep_heap_small", kept.append)
     cfg = config.load(write_config(tmp_path, [entity_yaml("e")]))
     with capture_logs() as logs:
         writers._warm(cfg, spark, delta=False)
     assert [e["event"] for e in logs] == ["spark.warmed_up"] and logs[0]["seconds"] > 0, logs
+    assert kept == [spark]
 
 
 def test_the_warm_up_runs_every_delta_spark_write_path_in_scratch_tables_and_removes_them(spark, tmp_path):
