@@ -89,7 +89,7 @@ def dictionary_columns(rows: pa.Table) -> list[str]:
     """The columns worth a Parquet dictionary: those with repeats among their first values. The writer's default,
     a dictionary for every column, builds one for columns of (nearly) distinct values too (offsets, ids, times)
     until the dictionary outgrows its page and it falls back to plain values: that doubled the time of writing a
-    file and made it larger (docs/architecture.md, Figures)."""
+    file and made it larger (docs/architecture.md, "What a row costs")."""
     out = []
     for name, column in zip(rows.column_names, rows.columns, strict=True):
         sample = column.slice(0, _SAMPLE)
