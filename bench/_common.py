@@ -176,7 +176,7 @@ def session_processes(session: int, pss: bool = False) -> dict[int, Process]:
     return out
 
 
-_KCMP = {"x86_64": 312, "aarch64": 272}  # kcmp(2)'s syscall number
+_KCMP = {"x86_64": 312, "aarch64": 272}.get(os.uname().machine)  # kcmp(2)'s syscall number here, if known
 _KCMP_VM = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once: the samplers ask for every process of every sample
 
@@ -186,8 +186,7 @@ def shares_memory(pid: int, other: int) -> bool:
     vfork (posix_spawn) shares its parent's until it execs, and its /proc files then show the parent's memory and
     command line. Counting both counted the JVM twice in a sample (bench/memory.py: a JVM of 1,121 MiB PSS in one
     10-s sample of an hour whose 2-s samples of that JVM never passed 603)."""
-    number = _KCMP.get(os.uname().machine)
-    return number is not None and _LIBC.syscall(number, pid, other, _KCMP_VM, 0, 0) == 0
+    return _KCMP is not None and _LIBC.syscall(_KCMP, pid, other, _KCMP_VM, 0, 0) == 0
 
 
 def descends_from(pid: int, procs: dict[int, Process], ancestor: Callable[[Process], bool]) -> bool:
