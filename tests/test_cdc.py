@@ -199,7 +199,7 @@ def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_comp
     lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"]})
     lake.batch([[{"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}]])
     changelog = lake.pipeline.sinks.changelog
-    monkeypatch.setattr(changelog, "append", lambda *a: (_ for _ in ()).throw(RuntimeError("killed")))
+    monkeypatch.setattr(changelog, "commit_files", lambda *a: (_ for _ in ()).throw(RuntimeError("killed")))
     path = land(lake.cfg.source.path / "data" / "b1.csv", _csv([{"k": 1, "v": "b", "seq": 1, "IsDelete": False,
                                                                  "op": "u", "et": T0}]))
     records = lake.inbox.offer([FileEvent.of(path)])
@@ -212,6 +212,8 @@ def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_comp
     fresh = _pipeline(lake.cfg)
     fresh.process(records, 1)
     assert [op for op, _ in lake.changelog()] == [0, 2, 3]
+    held = set(DeltaTable(str(lake.cfg.changelog)).file_uris())
+    assert {str(p) for p in Path(lake.cfg.changelog).glob("*.parquet")} == held  # the killed write's file swept
     version = DeltaTable(str(lake.cfg.table)).version()
     assert fresh.process(records, 1).skipped
     assert DeltaTable(str(lake.cfg.table)).version() == version

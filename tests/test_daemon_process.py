@@ -185,7 +185,8 @@ def _changes_csv(rows: list[tuple[int, str, int]]) -> str:
 
 
 @pytest.mark.parametrize("points", [
-    ("batch.discovered", "odf.block_written"),  # ODF catches up at start: not after a step behind it
+    # ODF catches up at start: not after a step behind it; the changelog's file written, not committed: swept
+    ("batch.discovered", "commit.changelog_written", "odf.block_written"),
     ("commit.changelog", "commit.quarantine", "manifest.written")])
 def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, points):
     """SIGKILL at a precise step of a batch, restart, SIGKILL at another step (of the replay or of a new batch),
@@ -225,6 +226,8 @@ def test_keyed_entity_killed_at_each_commit_step_ends_exactly_right(tmp_path, po
 
     cfg = config_module.load(config).entities[0]
     assert verify(cfg) == []  # offsets dense, the changelog replays to the table
+    held = set(DeltaTable(str(cfg.changelog)).file_uris())
+    assert {str(p) for p in Path(cfg.changelog).glob("*.parquet")} == held  # nothing a killed life left behind
     assert writers_of(cfg.table) == {"delta-rs"}
     quarantine = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
     assert sorted(json.loads(r["raw"])["v"] for r in quarantine) == [f"bad{n}" for n in range(killed)]  # each once

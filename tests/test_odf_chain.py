@@ -134,10 +134,12 @@ def test_a_new_column_is_a_new_schema_block_before_its_slice(setup):
     assert verify(cfg) == []
 
 
-def test_a_keyed_entity_chains_its_retractions_and_corrections(tmp_path):
+def test_a_keyed_entity_chains_its_retractions_and_corrections(tmp_path, monkeypatch):
     entity = entity_yaml(cdc={"strategy": "upsert", "primary_key": ["id"]}, push=[
         {"name": "orders", "tokens_sha256": ["0" * 64]}])
     cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    # the committer describes each changelog file as it writes it: the chain links it without reading it back
+    monkeypatch.setattr(OdfChain, "_slice_of", lambda *_: pytest.fail("the chain read a changelog file back"))
     root = cfg.source.path
     pipeline.process(_batch(inbox, land(root / "sales/a.csv", "id,v\n1,a\n2,b\n")), 0)
     pipeline.process(_batch(inbox, land(root / "sales/b.csv", "id,v\n1,c\n3,d\n")), 1)

@@ -26,9 +26,11 @@ from lakefeed.batch import cdc, event_time
 from lakefeed.batch.changelog import build_changelog, data_columns, quarantine_table
 from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.batch.read import BadRow
+from lakefeed.batch.schema import delta_compatible
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.odf import slices
 from lakefeed.pipeline import keyed, tasks
@@ -144,7 +146,7 @@ class Committer:
             return
         table_meta, changelog_meta = self._metas(meta, result, checked_at, new_watermark)
         try:
-            self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot)
+            self._merge(reduced, batch_id, table_meta, changelog_meta, checked_at, result, snapshot, log_)
         except BaseException:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
@@ -295,7 +297,7 @@ class Committer:
 
     def _merge(self, reduced: pa.Table | None, batch_id: int, table_meta: dict[str, str],
                changelog_meta: dict[str, str], checked_at: datetime, result: BatchResult,
-               snapshot: cdc.Snapshot | None) -> None:
+               snapshot: cdc.Snapshot | None, log_: Any) -> None:
         keys = self.cfg.cdc.primary_key
         if self.done(self.sinks.table, batch_id):
             version = self.sinks.table.version_of(self.app_id, batch_id)
@@ -326,8 +328,20 @@ class Committer:
         first = self._offsets.start()
         rows = cdc.changelog_rows(changes, reduced, keys, first, batch_id, checked_at)
         if not self.done(self.sinks.changelog, batch_id):
-            self.sinks.changelog.append(rows, self.app_id, batch_id, changelog_meta)
+            self._append_changelog(rows, batch_id, changelog_meta, log_)
             self._offsets.next = first + rows.num_rows
             failpoints.reached("commit.changelog")
         if history is not None and history_due:
             history.apply_history(cdc.history_rows(rows), keys, self.app_id, batch_id)
+
+    def _append_changelog(self, rows: pa.Table, batch_id: int, meta: dict[str, str], log_: Any) -> None:
+        """A keyed batch's changelog rows, written here as the append path's tasks write theirs: its file named
+        after the batch (what a crash before the commit leaves is swept) and described as the ODF slice it is, so
+        the chain does not read it back to hash it."""
+        rows = rows.cast(delta_compatible(rows.schema))
+        files, described = tasks.write_changelog(Storage(self.cfg.storage), self.cfg, rows,
+                                                 self.staging.name(batch_id, 0))
+        failpoints.reached("commit.changelog_written")
+        self.sinks.changelog.commit_files(files, rows.schema, self.app_id, batch_id,
+                                          {**meta, slices.KEY: json.dumps(dict(described))})
+        self.staging.sweep(batch_id, False, ((self.sinks.changelog, str(self.cfg.changelog), files),), log_)

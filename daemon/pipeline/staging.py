@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import posixpath
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 from lakefeed.config.model import EntityConfig
 from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.inbox.storage import Storage
 from lakefeed.pipeline.tasks import Staged, WriteJob, Written
 
@@ -43,22 +45,28 @@ class Staging:
             fs.delete_dir(folder)
 
     def tidy(self, batch_id: int, written: list[Written], changelog: TableSink, table: TableSink, log_: Any) -> None:
-        """After the batch's commits: its staging folder goes; so do files an earlier attempt of it wrote that no
-        table holds (a task retried, a crash before the commit): looked for on the first batch after a start, and
-        after a batch with a retried task."""
+        """After the batch's commits: its staging folder goes, and `sweep` looks for what earlier attempts left."""
         self.drop(batch_id)
-        if self._swept and not any(w.retried for w in written):
+        self.sweep(batch_id, any(w.retried for w in written),
+                   ((changelog, str(self.cfg.changelog), [f for w in written for f in w.changelog]),
+                    (table, str(self.cfg.table), [f for w in written for f in w.table])), log_)
+
+    def sweep(self, batch_id: int, retried: bool, written: Iterable[tuple[TableSink, str, list[DataFile]]],
+              log_: Any) -> None:
+        """Files of the batch that an earlier attempt of it wrote and no table holds (a task retried, a crash
+        before the commit) go: looked for on the first batch after a start, and after a batch with a retried task
+        (`written`: each table, where it is, and the files the batch committed to it)."""
+        if self._swept and not retried:
             return
         self._swept = True
         store = Storage(self.cfg.storage)
         start = data_files.prefix(self.token, batch_id)
-        for sink, location, files in ((changelog, self.cfg.changelog, [f for w in written for f in w.changelog]),
-                                      (table, self.cfg.table, [f for w in written for f in w.table])):
+        for sink, location, files in written:
             out, root = store.fs_of(location)
             folders = {posixpath.dirname(f.path) for f in files} or {""}
             removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))
             if removed:
-                log_.info("files.orphans_removed", table=str(location), files=removed,
+                log_.info("files.orphans_removed", table=location, files=removed,
                           reason="written by an attempt of this batch that was not committed")
 
 

@@ -282,19 +282,27 @@ def write(job: WriteJob) -> Written:
     table: list[DataFile] = []
     described: list[tuple[str, dict]] = []
     if job.first_offset is not None:
-        out, root = store.fs_of(cfg.changelog)
-        # Hashed here, from the rows and bytes just written: neither the task nor the driver's chain reads it back.
-        def seen(file: DataFile, written: pa.Table, data: pa.Buffer) -> None:
-            if (description := slices.describe(written, data)) is not None:
-                described.append((file.path, description))
-
-        changelog = data_files.write(out, root, build_changelog(rows, job.first_offset, job.batch_id, job.checked_at),
-                                     name, seen=seen)
+        changelog, described = write_changelog(store, cfg, build_changelog(rows, job.first_offset, job.batch_id,
+                                                                           job.checked_at), name)
     if job.table:
         out, root = store.fs_of(cfg.table)
         table = data_files.write(out, root, data_columns(rows), name, partition_by=cfg.partition_by)
     failpoints.reached("task.written")  # files written, not returned: a retry writes others, these are swept
     return Written(tuple(changelog), tuple(table), where, attempt > 0, tuple(described))
+
+
+def write_changelog(store: Storage, cfg: EntityConfig, rows: pa.Table,
+                    name: str) -> tuple[list[DataFile], list[tuple[str, dict]]]:
+    """Changelog rows as data files, each with the ODF slice it is (by its path), hashed from the rows and bytes
+    just written: nothing reads a file back to hash it, neither the writer nor the chain (odf/slices.py)."""
+    out, root = store.fs_of(cfg.changelog)
+    described: list[tuple[str, dict]] = []
+
+    def seen(file: DataFile, written: pa.Table, data: pa.Buffer) -> None:
+        if (description := slices.describe(written, data)) is not None:
+            described.append((file.path, description))
+
+    return data_files.write(out, root, rows, name, seen=seen), described
 
 
 @dataclass(frozen=True)
