@@ -148,6 +148,7 @@ class Process:
     cpu: float  # seconds of user and system time, its own (not its reaped children's)
     cmdline: bytes
     pss_mib: float = 0.0  # read only when asked for (smaps_rollup is slow to read)
+    reaped_cpu: float = 0.0  # seconds of user and system time of the children it waited for, once they ended
 
 
 def session_processes(session: int, pss: bool = False) -> dict[int, Process]:
@@ -171,8 +172,8 @@ def session_processes(session: int, pss: bool = False) -> dict[int, Process]:
         except OSError:
             continue  # gone meanwhile
         kib = next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
-        out[int(entry)] = Process(int(entry), int(fields[1]), cpu, cmdline, kib / 1024)
+        cpu, reaped = (int(fields[11]) + int(fields[12])) / CLK_TCK, (int(fields[13]) + int(fields[14])) / CLK_TCK
+        out[int(entry)] = Process(int(entry), int(fields[1]), cpu, cmdline, kib / 1024, reaped)
     return out
 
 

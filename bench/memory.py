@@ -17,9 +17,10 @@ process of the daemon's session (and of its intake's) is read and sorted by kind
 * other: anything else in the session.
 
 Reported: per kind and in all, the PSS at the first sample after the load starts, the mean, the max and the last,
-and the total's slope (MiB per hour, least squares over the run) to show whether it stays flat. The run checks
-that every landed and pushed row reached its table. Goal (issue #20): <= 1.5 GiB PSS in all for 20 entities,
-flat over an hour. One JSON object goes to stdout at the end; exit status 0 when the run completed.
+and the total's slope (MiB per hour, least squares over the run, and over its last half) to show whether it stays
+flat; and the cores each kind kept busy on average under the load (`cores_used`: CPU seconds over the load's
+seconds). The run checks that every landed and pushed row reached its table. Goal (issue #20): <= 1.5 GiB PSS in
+all for 20 entities, flat over an hour. One JSON object goes to stdout at the end; exit status 0 when the run completed.
 
     python bench/memory.py [--entities 20] [--seconds 3600] [--period 1.0] [--workdir DIR] [--keep] [--smoke]
 
@@ -92,6 +93,23 @@ def config(work: Path, entities: int, port: int) -> Path:
     for i in range(entities):
         (work / "landing" / f"e{i:02d}" / "data").mkdir(parents=True)
     return path
+
+
+def cpu_by_kind(session: int) -> dict[int, tuple[str, float]]:
+    """Each process's kind and CPU seconds, those of the children it waited for included (short-lived processes
+    the JVM or Python starts end before any sample sees them: their time is their parent's to count)."""
+    procs = session_processes(session)
+    return {pid: (_kind(proc, procs, session), proc.cpu + proc.reaped_cpu) for pid, proc in procs.items()}
+
+
+def cores_used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+               seconds: float) -> dict[str, float]:
+    """The cores each kind kept busy between two readings, on average: the CPU time gained by the processes there at
+    the second, over the seconds between (a process that ended between them counts in its parent, if it waited)."""
+    used = dict.fromkeys(KINDS, 0.0)
+    for pid, (kind, cpu) in after.items():
+        used[kind] += cpu - before.get(pid, (kind, 0.0))[1]
+    return {kind: round(value / seconds, 3) for kind, value in used.items()}
 
 
 def pss_by_kind(session: int) -> dict[str, float]:
@@ -185,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         landed = pushed = n = 0
         start = time.monotonic()
         next_sample = start
+        cpu_before = cpu_by_kind(proc.pid)
         while time.monotonic() - start < args.seconds:
             deadline.check("running the load")
             if proc.poll() is not None:
@@ -199,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.monotonic() - start)
                 next_sample += args.sample_every
             time.sleep(args.period)
+        cores = cores_used(cpu_before, cpu_by_kind(proc.pid), time.monotonic() - start)
+        cores["total"] = round(sum(cores.values()), 3)
         expected = (landed + pushed) * ROWS
         wait_rows = time.monotonic()
         while sum(rows_in(work / "lake" / e / "table") for e in entities) < expected:
@@ -213,17 +234,21 @@ def main(argv: list[str] | None = None) -> int:
         totals = np.array([s["total"] for s in samples])
         hours = np.array(times) / 3600
         slope = float(np.polyfit(hours, totals, 1)[0]) if len(samples) > 2 else None
+        later = hours >= hours[-1] / 2  # past the start's growth (the JVM's heap and compiled code)
+        late_slope = float(np.polyfit(hours[later], totals[later], 1)[0]) if later.sum() > 2 else None
         report.update({
             "landed_files": landed, "pushes": pushed, "rows": found,
             "drain_s": round(time.monotonic() - wait_rows, 1),
-            "samples": len(samples), "pss": summary(samples),
+            "samples": len(samples), "pss": summary(samples), "cores_used": cores,
             "total_slope_mib_per_hour": round(slope, 1) if slope is not None else None,
+            "total_slope_last_half_mib_per_hour": round(late_slope, 1) if late_slope is not None else None,
             "goal_mib": GOAL_MIB, "goal_met": bool(totals.max() <= GOAL_MIB),
             "ok": True,
         })
         say(f"PSS in all: first {totals[0]:.0f} MiB, max {totals.max():.0f} MiB, last {totals[-1]:.0f} MiB "
             f"(goal <= {GOAL_MIB}); slope {report['total_slope_mib_per_hour']} MiB/h; by kind, max: "
-            + ", ".join(f"{k} {v['max_mib']:.0f}" for k, v in report["pss"].items() if k != "total"))
+            + ", ".join(f"{k} {v['max_mib']:.0f}" for k, v in report["pss"].items() if k != "total")
+            + f"; cores kept busy {cores['total']}")
         return 0
     except (BenchError, OSError) as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"

@@ -111,7 +111,8 @@ def check_scale_out(r: dict[str, Any]) -> None:
                  "two_executors.rows_per_s", "two_executors.cpu_s.executor_python",
                  "two_executors.tasks_cpu_us_per_row")
         for run in (load["one_executor"], load["two_executors"]):
-            assert run["rows"] == r["rows"] and run["batches"] >= 1
+            assert run["rows"] == r["rows"] and run["batches"] >= 1 and run["first_load_rows_per_s"] > 0
+            assert run["cpu_s"]["driver_jvm"] > 0  # the JVM counted as the JVM (not as the process that started it)
 
 
 def check_memory(r: dict[str, Any]) -> None:
@@ -119,6 +120,9 @@ def check_memory(r: dict[str, Any]) -> None:
     positive(r, "pss.total.max_mib", "pss.driver.max_mib", "pss.driver_jvm.max_mib", "pss.python_workers.max_mib",
              "pss.intake.max_mib", "startup_s")
     assert r["samples"] >= 2 and r["rows"] == (r["landed_files"] + r["pushes"]) * 20
+    cores = r["cores_used"]
+    assert cores["driver"] > 0 and cores["driver_jvm"] > 0 and 0 < cores["total"] <= r["cores"]
+    assert abs(cores["total"] - sum(v for k, v in cores.items() if k != "total")) < 0.01
 
 
 def check_kafka_ingest(r: dict[str, Any]) -> None:

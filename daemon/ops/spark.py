@@ -46,6 +46,14 @@ DEFAULTS = {
     "spark.ui.retainedTasks": "1000",
     "spark.sql.ui.retainedExecutions": "50",
     "spark.sql.streaming.numRecentProgressUpdates": "10",
+    # A query's checkpoint files (offsets, commits) are written to a temporary file and renamed. Spark's default
+    # renames through Hadoop's FileContext, whose local file system (without Hadoop's native library, as here)
+    # runs `readlink` and `chmod` processes, about 30 a batch: at 20 entities the driver's JVM started ten a
+    # second. Through Hadoop's FileSystem the rename is rename(2), atomic on a local disk as on HDFS, after a check
+    # that the target is not there yet; a new file's mode is still set by `chmod`, 4 a batch
+    # (docs/architecture.md, "Checkpoint files without readlink").
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
 # The driver's heap holds plans, offsets and the Delta log's state, 100-140 MB live at 20 entities. The serial
 # collector, from 64 MiB up, keeps it near that: G1 (the default on 2 cores and more) started at 1/64 of the
