@@ -5,10 +5,15 @@ On a machine whose cores the load keeps busy, rows/s is the cores over the CPU a
 row over lakefeed's is the ratio lakefeed could reach with nothing but its row work: the `ceiling` of
 ingest_files.py's ratio. What the measured ratio lacks beyond it is the daemon's own cost (Spark's jobs, the
 commit, the manifests, cores left idle).
+
+`on_cores` runs the same row work, without Spark, in N processes of one Arrow thread each (as Spark's tasks run on
+executors of one core): what N cores of this machine give for it, the ceiling of scale_out.py's speed-up.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,11 +24,12 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
+from _common import BenchError  # bench/ is the script folder, so on sys.path
 from deltalake import write_deltalake
 
 from lakefeed.batch.changelog import build_changelog, data_columns
 from lakefeed.batch.discovery import Partition
-from lakefeed.config.model import EntityConfig
+from lakefeed.config.model import EntityConfig, load
 from lakefeed.connectors.sinks import data_files
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.odf import slices
@@ -46,9 +52,11 @@ class _Clock:
 def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType], work: Path) -> dict:
     """CPU microseconds per row of each step over `files` (landed CSVs of one schema), and the ceiling. A pass over
     the first file comes first, uncounted: it loads code and warms the caches, which neither run pays per row."""
-    _steps(_Clock(), cfg, files[:1], floor_types, work / "warm-up")
+    _floor(_Clock(), files[:1], floor_types, work / "warm-up")
+    _steps(_Clock(), cfg, files[:1], work / "warm-up")
     clock = _Clock()
-    rows = _steps(clock, cfg, files, floor_types, work / "measured")
+    _floor(clock, files, floor_types, work / "measured")
+    rows = _steps(clock, cfg, files, work / "measured")
     per_row = {step: round(seconds / rows * 1e6, 4) for step, seconds in clock.spent.items()}
     floor_us = sum(v for k, v in per_row.items() if k.startswith("floor"))
     lakefeed_us = sum(v for k, v in per_row.items() if not k.startswith("floor"))
@@ -56,13 +64,58 @@ def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.Data
             "lakefeed_cpu_us_per_row": round(lakefeed_us, 4), "ceiling": round(floor_us / lakefeed_us, 3)}
 
 
-def _steps(clock: _Clock, cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType],
-           work: Path) -> int:
-    fs = pafs.LocalFileSystem()
-    now = datetime.now(UTC)
+def on_cores(config: Path, entity: str, files: list[Path], processes: int, work: Path) -> float:
+    """Rows/s of the row work alone (`_steps`) over `files`, split among `processes` fresh processes of one Arrow
+    thread each. Each first passes over one file, uncounted; the clock starts once all have."""
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_worker, args=(config, entity, files[n::processes], work / f"process-{n}",
+                                                     ready, results)) for n in range(processes)]
+    for worker in workers:
+        worker.start()
+    spans: list[Any] = []
+    try:
+        while len(spans) < processes:
+            try:
+                spans.append(results.get(timeout=1.0))
+            except queue.Empty:
+                if sum(w.exitcode is not None for w in workers) > len(spans):  # one died without a word
+                    raise BenchError("a process of the row work died: exit codes "
+                                     f"{[w.exitcode for w in workers]}") from None
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+            if worker.is_alive():
+                worker.kill()
+    if any(isinstance(span, str) for span in spans):
+        raise BenchError(f"the row work failed: {[s for s in spans if isinstance(s, str)]}")
+    rows = sum(span[0] for span in spans)
+    return rows / (max(span[2] for span in spans) - min(span[1] for span in spans))
+
+
+def _worker(config: Path, entity: str, files: list[Path], work: Path, ready: Any, results: Any) -> None:
+    try:
+        pa.set_cpu_count(1)  # as a task on an executor of one core (Spark sets OMP_NUM_THREADS=1)
+        cfg = next(e for e in load(config).entities if e.name == entity)
+        _steps(_Clock(), cfg, files[:1], work / "warm-up")
+        ready.wait(timeout=600)
+        start = time.monotonic()
+        rows = _steps(_Clock(), cfg, files, work / "measured")
+        results.put((rows, start, time.monotonic()))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        ready.abort()  # the others stop waiting for this one
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def _floor(clock: _Clock, files: list[Path], floor_types: dict[str, pa.DataType], work: Path) -> None:
     convert = pacsv.ConvertOptions(column_types=floor_types)
     floor = [clock("floor: read", pacsv.read_csv, path, convert_options=convert) for path in files]
     clock("floor: write_deltalake", write_deltalake, str(work / "floor"), pa.concat_tables(floor), mode="append")
+
+
+def _steps(clock: _Clock, cfg: EntityConfig, files: list[Path], work: Path) -> int:
+    fs = pafs.LocalFileSystem()
+    now = datetime.now(UTC)
     rows, target = 0, None
     for n, path in enumerate(files):
         stat = path.stat()

@@ -17,8 +17,9 @@ process of the daemon's session (and of its intake's) is read and sorted by kind
 * other: anything else in the session.
 
 Reported: per kind and in all, the PSS at the first sample after the load starts, the mean, the max and the last,
-and the total's slope (MiB per hour, least squares over the run, and over its last half) to show whether it stays
-flat; and the cores each kind kept busy on average under the load (`cores_used`: CPU seconds over the load's
+and the total's slope (MiB per hour, least squares over the run, and over its last half) and the mean of each
+tenth of the run, per kind and in all (`tenths_mean_mib`), to show whether it stays flat and which kind grows; and
+the cores each kind kept busy on average under the load (`cores_used`: CPU seconds over the load's
 seconds). The run checks that every landed and pushed row reached its table. Goal (issue #20): <= 1.5 GiB PSS in
 all for 20 entities, flat over an hour. One JSON object goes to stdout at the end; exit status 0 when the run completed.
 
@@ -171,6 +172,13 @@ def summary(samples: list[dict[str, float]]) -> dict:
     return out
 
 
+def tenths(samples: list[dict[str, float]]) -> dict[str, list[float]]:
+    """The mean of each tenth of the samples (fewer parts when there are fewer samples), per kind and in all."""
+    parts = [part for part in np.array_split(np.arange(len(samples)), min(10, len(samples))) if len(part)]
+    return {kind: [round(float(np.mean([samples[i][kind] for i in part])), 1) for part in parts]
+            for kind in (*KINDS, "total")}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--entities", type=int, default=20)
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         report.update({
             "landed_files": landed, "pushes": pushed, "rows": found,
             "drain_s": round(time.monotonic() - wait_rows, 1),
-            "samples": len(samples), "pss": summary(samples), "cores_used": cores,
+            "samples": len(samples), "pss": summary(samples), "tenths_mean_mib": tenths(samples),
+            "cores_used": cores,
             "total_slope_mib_per_hour": round(slope, 1) if slope is not None else None,
             "total_slope_last_half_mib_per_hour": round(late_slope, 1) if late_slope is not None else None,
             "goal_mib": GOAL_MIB, "goal_met": bool(totals.max() <= GOAL_MIB),

@@ -17,6 +17,12 @@ the row work is left in the driver.
 
 Goals (issue #20): two executors >= 1.7x the rows/s of one; the driver's CPU per row <= 10% of the tasks'.
 
+What this machine's cores give, measured in the same run (`machine`): the append tasks' row work alone (read,
+conform, stage, the changelog's and the table's files, the slice hashes: bench/_row_costs.py), without Spark, on the
+same files, in one process of one Arrow thread, then split between two such processes at once. Its two/one is the
+most two executors could give here with nothing else running (no driver, no JVM, no scheduling); each load's
+`speed_up_of_machine` is its speed-up over it.
+
 Loads (`--loads`): `append`, the entity as ingest_files.py has it; `keyed`, the same files into an upsert entity
 keyed by `customer` (20,000 customers) with `sequence_by: [ts]`: its reduction to one change per key runs in the
 executors' tasks, a task per bucket of keys, and the driver MERGEs the reduced rows (delta-rs). A keyed run ends
@@ -38,6 +44,7 @@ import threading
 import time
 from pathlib import Path
 
+import _row_costs
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -255,13 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
         names = generate(work / "generated", args.files, args.rows)
+        report["machine"] = machine(work / "machine", [work / "generated" / n for n in names], args)
         report["loads"] = {}
         for load in args.loads.split(","):
             if load not in ("append", "keyed"):
                 raise BenchError(f"--loads: unknown load {load!r} (append, keyed)")
             runs = [run(work / load / name, f"local-cluster[{n},1,1024]", names, work / "generated", args.rows,
                         load == "keyed", args, deadline) for n, name in ((1, "one"), (2, "two"))]
-            report["loads"][load] = compare(load, *runs)
+            report["loads"][load] = compare(load, *runs, report["machine"]["speed_up"])
         report["ok"] = True
         return 0
     except (BenchError, OSError, pa.ArrowException) as exc:
@@ -275,12 +283,25 @@ def main(argv: list[str] | None = None) -> int:
         publish(report, work, remove)
 
 
-def compare(load: str, one: dict, two: dict) -> dict:
+def machine(work: Path, files: list[Path], args) -> dict:
+    """The append tasks' row work without Spark on one core, then two (bench/_row_costs.py's `on_cores`)."""
+    work.mkdir(parents=True)
+    config = work / "lakefeed.yaml"
+    config.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
+                                    master="local[1]", writer="delta-rs"))
+    one, two = (_row_costs.on_cores(config, ENTITY, files, n, work / str(n)) for n in (1, 2))
+    say(f"[machine] the row work alone: one process {one:,.0f} rows/s, two {two:,.0f}: {two / one:.3f}x")
+    return {"one_process_rows_per_s": round(one), "two_processes_rows_per_s": round(two),
+            "speed_up": ratio(two, one)}
+
+
+def compare(load: str, one: dict, two: dict, machine_speed_up: float | None) -> dict:
     speed_up = ratio(two["rows_per_s"], one["rows_per_s"])
     share = ratio(two["driver_cpu_us_per_row"], two["tasks_cpu_us_per_row"])
-    say(f"[{load}] two executors / one: {speed_up}x (goal >= {GOAL_SPEED_UP}); driver CPU per row / tasks': {share} "
-        f"(goal <= {GOAL_DRIVER_SHARE})")
+    say(f"[{load}] two executors / one: {speed_up}x (goal >= {GOAL_SPEED_UP}; the row work alone "
+        f"{machine_speed_up}x); driver CPU per row / tasks': {share} (goal <= {GOAL_DRIVER_SHARE})")
     return {"one_executor": one, "two_executors": two, "speed_up": speed_up, "goal_speed_up": GOAL_SPEED_UP,
+            "speed_up_of_machine": ratio(speed_up, machine_speed_up),
             "driver_over_tasks_cpu_per_row": share, "goal_driver_over_tasks": GOAL_DRIVER_SHARE,
             "goal_met": bool(speed_up and share is not None and speed_up >= GOAL_SPEED_UP
                              and share <= GOAL_DRIVER_SHARE)}

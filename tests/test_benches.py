@@ -106,8 +106,9 @@ def check_ingest_files(r: dict[str, Any]) -> None:
 def check_scale_out(r: dict[str, Any]) -> None:
     completed(r)
     assert set(r["loads"]) == {"append", "keyed"}
+    positive(r, "machine.one_process_rows_per_s", "machine.two_processes_rows_per_s", "machine.speed_up")
     for load in r["loads"].values():
-        positive(load, "speed_up", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s",
+        positive(load, "speed_up", "speed_up_of_machine", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s",
                  "two_executors.rows_per_s", "two_executors.cpu_s.executor_python",
                  "two_executors.tasks_cpu_us_per_row")
         for run in (load["one_executor"], load["two_executors"]):
@@ -120,6 +121,10 @@ def check_memory(r: dict[str, Any]) -> None:
     positive(r, "pss.total.max_mib", "pss.driver.max_mib", "pss.driver_jvm.max_mib", "pss.python_workers.max_mib",
              "pss.intake.max_mib", "startup_s")
     assert r["samples"] >= 2 and r["rows"] == (r["landed_files"] + r["pushes"]) * 20
+    parts = r["tenths_mean_mib"]
+    assert len(parts["total"]) == min(10, r["samples"]) and all(v > 0 for v in parts["total"])
+    assert all(0 < v <= r["pss"]["total"]["max_mib"] for v in parts["total"])
+    assert set(parts) == set(r["pss"])
     cores = r["cores_used"]
     assert cores["driver"] > 0 and cores["driver_jvm"] > 0 and 0 < cores["total"] <= r["cores"]
     assert abs(cores["total"] - sum(v for k, v in cores.items() if k != "total")) < 0.01
