@@ -173,8 +173,8 @@ def summary(samples: list[dict[str, float]]) -> dict:
 
 
 def tenths(samples: list[dict[str, float]]) -> dict[str, list[float]]:
-    """The mean of each tenth of the samples (fewer parts when there are fewer samples), per kind and in all."""
-    parts = [part for part in np.array_split(np.arange(len(samples)), min(10, len(samples))) if len(part)]
+    """The mean of each tenth of the samples (one part a sample when there are fewer), per kind and in all."""
+    parts = np.array_split(np.arange(len(samples)), min(10, len(samples)))
     return {kind: [round(float(np.mean([samples[i][kind] for i in part])), 1) for part in parts]
             for kind in (*KINDS, "total")}
 

@@ -122,7 +122,7 @@ def check_memory(r: dict[str, Any]) -> None:
              "pss.intake.max_mib", "startup_s")
     assert r["samples"] >= 2 and r["rows"] == (r["landed_files"] + r["pushes"]) * 20
     parts = r["tenths_mean_mib"]
-    assert len(parts["total"]) == min(10, r["samples"]) and all(v > 0 for v in parts["total"])
+    assert len(parts["total"]) == min(10, r["samples"])
     assert all(0 < v <= r["pss"]["total"]["max_mib"] for v in parts["total"])
     assert set(parts) == set(r["pss"])
     cores = r["cores_used"]
