@@ -79,9 +79,12 @@ def on_cores(config: Path, entity: str, files: list[Path], processes: int, work:
             try:
                 spans.append(results.get(timeout=1.0))
             except queue.Empty:
-                if sum(w.exitcode is not None for w in workers) > len(spans):  # one died without a word
-                    raise BenchError("a process of the row work died: exit codes "
-                                     f"{[w.exitcode for w in workers]}") from None
+                if sum(w.exitcode is not None for w in workers) > len(spans):
+                    try:  # a process that put its word before it exited may have done so since the wait ended
+                        spans.append(results.get(timeout=5.0))
+                    except queue.Empty:
+                        raise BenchError("a process of the row work died without a word: exit codes "
+                                         f"{[w.exitcode for w in workers]}") from None
     finally:
         for worker in workers:
             worker.join(timeout=60)
