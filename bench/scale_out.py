@@ -2,11 +2,12 @@
 
 Each run starts the daemon (`lakefeed run`) with `spark.master` = `local-cluster[N,1,1024]` (N executor JVMs of one
 core each, with their own Python workers: a cluster on one machine) and waits for its warm-up (`spark.warmed_up`:
-every core's Python worker started). Then the same files go through a second entity of the daemon, `warm`, uncounted:
-the JVMs compile what the load runs (the driver's and the executors' JIT compilers took 2.2 of the 3.3 CPU seconds
-the JVMs spent in a counted first load on two executors, 2026-11-28), so the load meets a running cluster, as a
-long-lived daemon's does; that load's rows/s is reported as `first_load_rows_per_s`. Then the run renames the same
-N CSV x M rows into the measured entity's landing folder and ends when its Delta table holds every file.
+every core's Python worker started). Then the same files go through other entities of the daemon (`warm1`, ...;
+`--warm-loads` of them, one after the other), uncounted: the JVMs compile what the load runs (the driver's and the
+executors' JIT compilers took 2.2 of the 3.3 CPU seconds the JVMs spent in a counted first load on two executors,
+2026-11-28), so the load meets a running cluster, as a long-lived daemon's does; those loads' rows/s are reported
+as `warm_loads_rows_per_s`. Then the run renames the same N CSV x M rows into the measured entity's landing folder
+and ends when its Delta table holds every file.
 rows/s = rows / (last table commit - first landing).
 
 While it runs, every process of the daemon's session is sampled (utime + stime from /proc) and sorted by kind:
@@ -29,7 +30,8 @@ executors' tasks, a task per bucket of keys, and the driver MERGEs the reduced r
 when every file is in a table commit; its table must hold one row per customer of the files.
 One JSON object goes to stdout at the end; exit status 0 when every run completed.
 
-    python bench/scale_out.py [--files 200] [--rows 50000] [--loads append,keyed] [--workdir DIR] [--keep] [--smoke]
+    python bench/scale_out.py [--files 200] [--rows 50000] [--loads append,keyed] [--warm-loads 1] [--workdir DIR]
+                              [--keep] [--smoke]
 
 `--smoke`: 8 files x 1,000 rows, both loads.
 """
@@ -73,7 +75,7 @@ GOAL_DRIVER_SHARE = 0.10
 SMOKE = {"files": 8, "rows": 1000, "timeout": 420.0, "loads": "append,keyed"}
 KEYED = "    cdc: {strategy: upsert, primary_key: [customer], sequence_by: [ts]}\n"
 KINDS = ("driver", "driver_jvm", "executor_jvm", "executor_python", "driver_side_python")
-WARM = "warm"  # the entity of the uncounted first load
+WARM = "warm"  # the uncounted loads' entities: warm1, warm2, ...
 
 
 class Sampler:
@@ -149,12 +151,12 @@ def customers(source: Path, names: list[str]) -> int:
     return len(pc.unique(pa.chunked_array(seen)))
 
 
-def warm_entity(max_files: int, keyed: bool) -> str:
-    """The config of the entity of the uncounted first load: the measured one's, with its own folders."""
-    return (f"  - name: {WARM}\n"
-            f"    source: {{type: local_dir, path: {WARM}, reconcile_interval_s: 60, "
+def warm_entity(name: str, max_files: int, keyed: bool) -> str:
+    """The config of an entity of an uncounted load: the measured one's, with its own folders."""
+    return (f"  - name: {name}\n"
+            f"    source: {{type: local_dir, path: {name}, reconcile_interval_s: 60, "
             f"max_files_per_trigger: {max_files}}}\n"
-            f"    manifest: {WARM}/default.manifest.cdm.json\n"
+            f"    manifest: {name}/default.manifest.cdm.json\n"
             "    patterns:\n"
             '      - {name: all, root_location: data, glob_pattern: "/*.csv"}\n'
             "    format: {kind: csv, header: true}\n" + (KEYED if keyed else ""))
@@ -189,11 +191,12 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, keye
     """One run of the daemon on `master` over hard links of the generated files; `keyed`: into an upsert entity."""
     work.mkdir(parents=True)
     cfg = work / "lakefeed.yaml"
+    warm = [f"{WARM}{i}" for i in range(1, args.warm_loads + 1)]
     cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
                                  master=master, writer="delta-rs") + (KEYED if keyed else "")
-                   + warm_entity(args.max_files_per_trigger, keyed))
-    (work / "landing" / "data").mkdir(parents=True)
-    (work / WARM / "data").mkdir(parents=True)
+                   + "".join(warm_entity(name, args.max_files_per_trigger, keyed) for name in warm))
+    for folder in [work / "landing", *(work / name for name in warm)]:
+        (folder / "data").mkdir(parents=True)
     log_path = work / "daemon.log"
     say(f"[{master}] starting lakefeed, log {log_path}")
     with open(log_path, "wb") as log_file:
@@ -205,10 +208,12 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, keye
         while not any(e["event"] == "spark.warmed_up" for e in log_events(log_path)[0]):
             deadline.check("waiting for the Spark session's warm-up")  # every executor's worker started: the
             time.sleep(0.1)  # load meets a running cluster, as a long-lived daemon's does
-        say(f"[{master}] first load, uncounted (entity {WARM})")
-        landed, commits, _ = through(work, WARM, work / WARM, names, source, keyed, proc, log_path, deadline)
-        first = max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values())
-        before = sampler.snapshot()  # start-up's and the first load's CPU are not the load's
+        warm_s = []
+        for name in warm:
+            say(f"[{master}] load {len(warm_s) + 1} of {len(warm)} uncounted (entity {name})")
+            landed, commits, _ = through(work, name, work / name, names, source, keyed, proc, log_path, deadline)
+            warm_s.append(max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values()))
+        before = sampler.snapshot()  # start-up's and the uncounted loads' CPU are not the load's
         busy = machine_busy()
         landed, commits, chain_s = through(work, ENTITY, work / "landing", names, source, keyed, proc, log_path,
                                            deadline)
@@ -228,7 +233,7 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, keye
         say(f"[{master}] {total / elapsed:,.0f} rows/s ({elapsed:.2f} s); CPU s: "
             + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
         return {"master": master, "rows": total, "elapsed_s": round(elapsed, 3), "rows_per_s": round(total / elapsed),
-                "first_load_rows_per_s": round(total / first),
+                "warm_loads_rows_per_s": [round(total / seconds) for seconds in warm_s],
                 "batches": len(commits), "chain_after_commit_s": round(chain_s, 2),
                 "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
                 "machine_busy_cpu_s": round(busy, 2),
@@ -252,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="overall deadline in seconds (default 1800)")
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    p.add_argument("--warm-loads", type=int, default=1, help="uncounted loads before the measured one")
     p.add_argument("--loads", default="append", help="append, keyed or both (comma-separated), each on one executor "
                                                      "then two")
     args = parse_args(p, argv, SMOKE)
+    if args.warm_loads < 0:
+        p.error("--warm-loads: 0 or more")
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-scale-")
     report: dict = {"bench": "scale_out", "smoke": args.smoke, "files": args.files, "rows": args.files * args.rows,
