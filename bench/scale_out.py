@@ -2,12 +2,13 @@
 
 Each run starts the daemon (`lakefeed run`) with `spark.master` = `local-cluster[N,1,1024]` (N executor JVMs of one
 core each, with their own Python workers: a cluster on one machine) and waits for its warm-up (`spark.warmed_up`:
-every core's Python worker started). Then the same files go through other entities of the daemon (`warm1`, ...;
-`--warm-loads` of them, one after the other), uncounted: the JVMs compile what the load runs (the driver's and the
-executors' JIT compilers took 2.2 of the 3.3 CPU seconds the JVMs spent in a counted first load on two executors,
-2026-11-28), so the load meets a running cluster, as a long-lived daemon's does; those loads' rows/s are reported
-as `warm_loads_rows_per_s`. Then the run renames the same N CSV x M rows into the measured entity's landing folder
-and ends when its Delta table holds every file.
+every core's Python worker started). Each load (`--loads`) then runs on that daemon, one after the other, through
+entities of its own. First the same files go through its uncounted entities (`warm1_append`, ...; `--warm-loads` of
+them, one after the other): the JVMs compile what the load runs (the driver's and the executors' JIT compilers took
+2.2 of the 3.3 CPU seconds the JVMs spent in a counted first load on two executors, 2026-11-28), so the load meets
+a running cluster, as a long-lived daemon's does; those loads' rows/s are reported as `warm_loads_rows_per_s`. Then
+the run renames the same N CSV x M rows into the measured entity's landing folder (the entity is named after the
+load) and the load ends when its Delta table holds every file. The other loads' entities idle meanwhile.
 rows/s = rows / (last table commit - first landing).
 
 While it runs, every process of the daemon's session is sampled (utime + stime from /proc) and sorted by kind:
@@ -75,7 +76,7 @@ GOAL_DRIVER_SHARE = 0.10
 SMOKE = {"files": 8, "rows": 1000, "timeout": 420.0, "loads": "append,keyed"}
 KEYED = "    cdc: {strategy: upsert, primary_key: [customer], sequence_by: [ts]}\n"
 KINDS = ("driver", "driver_jvm", "executor_jvm", "executor_python", "driver_side_python")
-WARM = "warm"  # the uncounted loads' entities: warm1, warm2, ...
+WARM = "warm"  # the uncounted loads' entities: warm1_append, warm2_append, ..., warm1_keyed, ...
 
 
 class Sampler:
@@ -87,22 +88,30 @@ class Sampler:
         self.cpu: dict[int, float] = {}
         self.kind: dict[int, str] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> Sampler:
         self._thread.start()
         return self
 
-    def stop(self) -> dict[str, float]:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
-        totals = dict.fromkeys(KINDS, 0.0)
-        for pid, cpu in self.cpu.items():
-            totals[self.kind[pid]] += cpu
-        return totals
+        if self._thread.is_alive():
+            self._thread.join()
 
     def snapshot(self) -> dict[int, float]:
-        return dict(self.cpu)
+        with self._lock:
+            return dict(self.cpu)
+
+    def totals(self, since: dict[int, float]) -> dict[str, float]:
+        """CPU seconds by kind from a fresh sample, less what each process had at `since` (a snapshot)."""
+        self._sample()
+        totals = dict.fromkeys(KINDS, 0.0)
+        with self._lock:
+            for pid, cpu in self.cpu.items():
+                totals[self.kind[pid]] += cpu - since.get(pid, 0.0)
+        return totals
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -112,11 +121,12 @@ class Sampler:
 
     def _sample(self) -> None:
         procs = session_processes(self.session)
-        for pid, proc in procs.items():
-            self.cpu[pid] = max(proc.cpu, self.cpu.get(pid, 0.0))
-            # Read again every time: a process just started (vfork, then exec) shows its parent's command line
-            # until it execs, so the JVM first seen that way was once counted as a Python process.
-            self.kind[pid] = self._kind(proc, procs)
+        with self._lock:
+            for pid, proc in procs.items():
+                self.cpu[pid] = max(proc.cpu, self.cpu.get(pid, 0.0))
+                # Read again every time: a process just started (vfork, then exec) shows its parent's command line
+                # until it execs, so the JVM first seen that way was once counted as a Python process.
+                self.kind[pid] = self._kind(proc, procs)
 
     def _kind(self, proc: Process, procs: dict[int, Process]) -> str:
         if proc.pid == self.session:
@@ -151,17 +161,6 @@ def customers(source: Path, names: list[str]) -> int:
     return len(pc.unique(pa.chunked_array(seen)))
 
 
-def warm_entity(name: str, max_files: int, keyed: bool) -> str:
-    """The config of an entity of an uncounted load: the measured one's, with its own folders."""
-    return (f"  - name: {name}\n"
-            f"    source: {{type: local_dir, path: {name}, reconcile_interval_s: 60, "
-            f"max_files_per_trigger: {max_files}}}\n"
-            f"    manifest: {name}/default.manifest.cdm.json\n"
-            "    patterns:\n"
-            '      - {name: all, root_location: data, glob_pattern: "/*.csv"}\n'
-            "    format: {kind: csv, header: true}\n" + (KEYED if keyed else ""))
-
-
 def through(work: Path, entity: str, landing: Path, names: list[str], source: Path, keyed: bool,
             proc: subprocess.Popen, log_path: Path, deadline: Deadline) -> tuple[dict[str, float], list[dict], float]:
     """One load: hard links of the generated files renamed into `landing`, until the entity's table holds every
@@ -186,17 +185,33 @@ def through(work: Path, entity: str, landing: Path, names: list[str], source: Pa
     return landed, commits, time.monotonic() - committed_at
 
 
-def run(work: Path, master: str, names: list[str], source: Path, rows: int, keyed: bool, args,
-        deadline: Deadline) -> dict:
-    """One run of the daemon on `master` over hard links of the generated files; `keyed`: into an upsert entity."""
+def entity_config(name: str, max_files: int, keyed: bool) -> str:
+    """The config of one entity of the run: its own landing folder (named after it), the files as CSV."""
+    return (f"  - name: {name}\n"
+            f"    source: {{type: local_dir, path: {name}, reconcile_interval_s: 60, "
+            f"max_files_per_trigger: {max_files}}}\n"
+            f"    manifest: {name}/default.manifest.cdm.json\n"
+            "    patterns:\n"
+            '      - {name: all, root_location: data, glob_pattern: "/*.csv"}\n'
+            "    format: {kind: csv, header: true}\n" + (KEYED if keyed else ""))
+
+
+def run(work: Path, master: str, names: list[str], source: Path, rows: int, loads: list[str], args,
+        deadline: Deadline) -> dict[str, dict]:
+    """One daemon on `master` over hard links of the generated files, each load (`append`, `keyed`) through an
+    entity of its own (named after the load) after its own uncounted loads (`warm1_append`, ...): each load's
+    figures, by load. One daemon for every load: one start-up (a local-cluster's takes 15-20 s) for all of them."""
     work.mkdir(parents=True)
     cfg = work / "lakefeed.yaml"
-    warm = [f"{WARM}{i}" for i in range(1, args.warm_loads + 1)]
-    cfg.write_text(CONFIG.format(entity=ENTITY, trigger=args.trigger_interval, max_files=args.max_files_per_trigger,
-                                 master=master, writer="delta-rs") + (KEYED if keyed else "")
-                   + "".join(warm_entity(name, args.max_files_per_trigger, keyed) for name in warm))
-    for folder in [work / "landing", *(work / name for name in warm)]:
-        (folder / "data").mkdir(parents=True)
+    warm = {load: [f"{WARM}{i}_{load}" for i in range(1, args.warm_loads + 1)] for load in loads}
+    entities = [(name, load) for load in loads for name in (*warm[load], load)]
+    cfg.write_text(CONFIG.split("entities:\n")[0].format(trigger=args.trigger_interval, master=master,
+                                                          writer="delta-rs")
+                   + "entities:\n"
+                   + "".join(entity_config(name, args.max_files_per_trigger, load == "keyed")
+                             for name, load in entities))
+    for name, _ in entities:
+        (work / name / "data").mkdir(parents=True)
     log_path = work / "daemon.log"
     say(f"[{master}] starting lakefeed, log {log_path}")
     with open(log_path, "wb") as log_file:
@@ -208,44 +223,49 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, keye
         while not any(e["event"] == "spark.warmed_up" for e in log_events(log_path)[0]):
             deadline.check("waiting for the Spark session's warm-up")  # every executor's worker started: the
             time.sleep(0.1)  # load meets a running cluster, as a long-lived daemon's does
-        warm_s = []
-        for name in warm:
-            say(f"[{master}] load {len(warm_s) + 1} of {len(warm)} uncounted (entity {name})")
-            landed, commits, _ = through(work, name, work / name, names, source, keyed, proc, log_path, deadline)
-            warm_s.append(max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values()))
-        before = sampler.snapshot()  # start-up's and the uncounted loads' CPU are not the load's
-        busy = machine_busy()
-        landed, commits, chain_s = through(work, ENTITY, work / "landing", names, source, keyed, proc, log_path,
-                                           deadline)
-        busy = machine_busy() - busy
-        cpu = sampler.stop()
-        for pid, seconds in before.items():
-            cpu[sampler.kind[pid]] -= seconds
-        elapsed = max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values())
-        held, total = table_rows(work / "lake" / ENTITY / "table"), rows * len(names)
-        expected = customers(source, names) if keyed else total
-        if held != expected:
-            raise BenchError(f"[{master}] the table holds {held} rows, expected {expected}")
+        figures = {load: measure(work, master, load, warm[load], names, source, rows, proc, log_path, sampler,
+                                 deadline) for load in loads}
         code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
         if code != 0:
             raise BenchError(f"[{master}] the daemon exited with {code}, expected 0")
-        tasks_cpu = cpu["executor_python"] + cpu["executor_jvm"]
-        say(f"[{master}] {total / elapsed:,.0f} rows/s ({elapsed:.2f} s); CPU s: "
-            + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
-        return {"master": master, "rows": total, "elapsed_s": round(elapsed, 3), "rows_per_s": round(total / elapsed),
-                "warm_loads_rows_per_s": [round(total / seconds) for seconds in warm_s],
-                "batches": len(commits), "chain_after_commit_s": round(chain_s, 2),
-                "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
-                "machine_busy_cpu_s": round(busy, 2),
-                "driver_cpu_us_per_row": round(cpu["driver"] / total * 1e6, 3),
-                "tasks_cpu_us_per_row": round(tasks_cpu / total * 1e6, 3)}
+        return figures
     except BaseException:
         say("daemon log tail:\n" + log_tail(log_path))
         raise
     finally:
-        if proc.poll() is None:
-            sampler.stop()
+        sampler.stop()
         kill_group(proc)
+
+
+def measure(work: Path, master: str, load: str, warm: list[str], names: list[str], source: Path, rows: int,
+            proc: subprocess.Popen, log_path: Path, sampler: Sampler, deadline: Deadline) -> dict:
+    """One load on the running daemon: its uncounted loads, then the measured one with the CPU it took."""
+    keyed = load == "keyed"
+    warm_s = []
+    for name in warm:
+        say(f"[{master}] {load}: load {len(warm_s) + 1} of {len(warm)} uncounted (entity {name})")
+        landed, commits, _ = through(work, name, work / name, names, source, keyed, proc, log_path, deadline)
+        warm_s.append(max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values()))
+    before = sampler.snapshot()  # start-up's, the uncounted loads' and the other loads' CPU are not the load's
+    busy = machine_busy()
+    landed, commits, chain_s = through(work, load, work / load, names, source, keyed, proc, log_path, deadline)
+    busy = machine_busy() - busy
+    cpu = sampler.totals(since=before)
+    elapsed = max(c["timestamp_ms"] for c in commits) / 1000 - min(landed.values())
+    held, total = table_rows(work / "lake" / load / "table"), rows * len(names)
+    expected = customers(source, names) if keyed else total
+    if held != expected:
+        raise BenchError(f"[{master}] {load}: the table holds {held} rows, expected {expected}")
+    tasks_cpu = cpu["executor_python"] + cpu["executor_jvm"]
+    say(f"[{master}] {load}: {total / elapsed:,.0f} rows/s ({elapsed:.2f} s); CPU s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+    return {"master": master, "rows": total, "elapsed_s": round(elapsed, 3), "rows_per_s": round(total / elapsed),
+            "warm_loads_rows_per_s": [round(total / seconds) for seconds in warm_s],
+            "batches": len(commits), "chain_after_commit_s": round(chain_s, 2),
+            "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+            "machine_busy_cpu_s": round(busy, 2),
+            "driver_cpu_us_per_row": round(cpu["driver"] / total * 1e6, 3),
+            "tasks_cpu_us_per_row": round(tasks_cpu / total * 1e6, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(p, argv, SMOKE)
     if args.warm_loads < 0:
         p.error("--warm-loads: 0 or more")
+    loads = args.loads.split(",")
+    if not loads or set(loads) - {"append", "keyed"} or len(set(loads)) < len(loads):
+        p.error(f"--loads {args.loads!r}: append, keyed or both, each once (comma-separated)")
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-scale-")
     report: dict = {"bench": "scale_out", "smoke": args.smoke, "files": args.files, "rows": args.files * args.rows,
@@ -271,13 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
         names = generate(work / "generated", args.files, args.rows)
         report["machine"] = machine(work / "machine", [work / "generated" / n for n in names], args)
-        report["loads"] = {}
-        for load in args.loads.split(","):
-            if load not in ("append", "keyed"):
-                raise BenchError(f"--loads: unknown load {load!r} (append, keyed)")
-            runs = [run(work / load / name, f"local-cluster[{n},1,1024]", names, work / "generated", args.rows,
-                        load == "keyed", args, deadline) for n, name in ((1, "one"), (2, "two"))]
-            report["loads"][load] = compare(load, *runs, report["machine"]["speed_up"])
+        one, two = (run(work / name, f"local-cluster[{n},1,1024]", names, work / "generated", args.rows, loads, args,
+                        deadline) for n, name in ((1, "one"), (2, "two")))
+        report["loads"] = {load: compare(load, one[load], two[load], report["machine"]["speed_up"])
+                           for load in loads}
         report["ok"] = True
         return 0
     except (BenchError, OSError, pa.ArrowException) as exc:
