@@ -1,13 +1,17 @@
 """glibc's arenas limited for the daemon (daemon/ops/malloc.py): counted by glibc itself (`malloc_info`) in a fresh
-interpreter whose threads allocate at once; the processes the daemon starts are checked in tests/test_push_daemon.py."""
+interpreter whose threads allocate at once; deltalake's jemalloc's, from the options it prints; the processes the
+daemon starts are checked in tests/test_push_daemon.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from lakefeed.ops import malloc
 
 _ARENAS = """
 import ctypes, os, tempfile, threading
@@ -56,3 +60,39 @@ def test_the_daemon_process_uses_two_arenas_and_passes_the_limit_on():
 @pytest.mark.parametrize("theirs", ["1", "4"])
 def test_an_operators_limit_is_kept(theirs):
     assert _arenas(limit=True, MALLOC_ARENA_MAX=theirs) == (int(theirs), theirs)
+
+
+_DELTALAKE = """
+import os, sys
+import lakefeed.ops.cli  # what `lakefeed run` has imported when it limits the arenas: the CLI, the config
+from lakefeed.config import model
+from lakefeed.ops import malloc
+
+model.load(sys.argv[2])
+
+assert "deltalake" not in sys.modules, "deltalake was loaded before its allocator's arenas could be limited"
+malloc.limit_arenas()
+print(os.environ["_RJEM_MALLOC_CONF"], flush=True)
+os.environ["_RJEM_MALLOC_CONF"] += ",stats_print:true"  # jemalloc prints its options at exit: the proof it read them
+import pyarrow as pa
+from deltalake import write_deltalake
+
+write_deltalake(sys.argv[1], pa.table({"a": [1, 2]}))
+"""
+
+
+def test_deltalakes_allocator_gets_one_arena_from_the_environment_set_before_it_loads(tmp_path):
+    environment = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    config = Path(__file__).resolve().parent.parent / "config" / "lakefeed.yaml"
+    run = subprocess.run([sys.executable, "-c", _DELTALAKE, str(tmp_path / "t"), str(config)], env=environment,
+                         check=True, capture_output=True, text=True, timeout=120)
+    printed = run.stdout + run.stderr
+    assert run.stdout.splitlines()[0] == "narenas:1"
+    assert "opt.narenas: 1\n" in printed, printed[-3000:]
+
+
+def test_an_operators_deltalake_allocator_settings_are_kept(monkeypatch):
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:4")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # so that this process's glibc is left alone
+    malloc.limit_arenas()
+    assert os.environ["_RJEM_MALLOC_CONF"] == "narenas:4"

@@ -130,9 +130,10 @@ def test_idempotency_survives_a_restart_and_sigterm_exits_cleanly(push_daemon):
     assert _autogroup(os.getpid()) == ours and os.getsid(_intake_pid(_url(tmp_path))) == os.getsid(0)
     intake = Path(f"/proc/{_intake_pid(_url(tmp_path))}")
     # Decoding a JSON push did not load pandas into the intake (pyarrow would, for nothing), and the processes the
-    # daemon starts have glibc's arenas limited as its own (daemon/ops/malloc.py).
+    # daemon starts have glibc's arenas and deltalake's limited as its own (daemon/ops/malloc.py).
     assert "/pandas/" not in (intake / "maps").read_text()
-    assert b"MALLOC_ARENA_MAX=2" in (intake / "environ").read_bytes().split(b"\0")
+    environ = (intake / "environ").read_bytes().split(b"\0")
+    assert b"MALLOC_ARENA_MAX=2" in environ and b"_RJEM_MALLOC_CONF=narenas:1" in environ
     wait_for(lambda: _ids(table) == [1], 60, what="the first record")
     daemon.stop()
     daemon.start()

@@ -150,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return show_manifest(cfg, args.entity, args.json)
     from lakefeed.ops import malloc
+
+    malloc.limit_arenas()  # before the supervisor's imports load deltalake
     from lakefeed.ops.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
 
-    malloc.limit_arenas()
     signal.signal(signal.SIGUSR2, log.print_stacks)  # `kill -USR2`: what a daemon that does not stop waits on
 
     try:
