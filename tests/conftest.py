@@ -10,11 +10,16 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from hypothesis import settings
 
 os.environ.setdefault("TZ", "UTC")  # the CDM SDK's local adapter reports local time as UTC
 # Every JVM the suite starts (Spark's, the test brokers') compiles with C1 only: each lives seconds to a minute, too
 # short for C2's compilations to pay back their CPU. Measured: two daemon kill tests took 21% less time.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# Two workers share the machine's cores (`make test`: pytest-xdist): an example slower than hypothesis's default
+# deadline (200 ms) is the other worker's JVM, not a failure. Each property test still runs all its examples.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 @pytest.fixture(autouse=True, scope="session")
