@@ -53,9 +53,17 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(caught >> (signum - 1) & 1)
 
 
-def _planner(wrapper: Path, sock_dir: Path) -> tuple[subprocess.Popen, str]:
+def _sockets(wrapper: Path) -> Path:
+    """Where the planner's daemon makes its socket: in the fork server's short runtime folder (a test's tmp_path
+    may be too long for a Unix socket's path)."""
+    folder = wrapper.parent / "sockets"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _planner(wrapper: Path) -> tuple[subprocess.Popen, str]:
     """The planner's daemon started through `wrapper`, and the socket path it wrote to its stdout."""
-    env = {**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true", "PYTHON_WORKER_FACTORY_SOCK_DIR": str(sock_dir)}
+    env = {**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true", "PYTHON_WORKER_FACTORY_SOCK_DIR": str(_sockets(wrapper))}
     proc = subprocess.Popen([str(wrapper), *PLANNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     size = struct.unpack("!i", proc.stdout.read(4))[0]
     return proc, proc.stdout.read(size).decode()
@@ -65,10 +73,10 @@ def _stands_in_compiled(wrapper: Path) -> bool:
     return fork_server.STAND_IN.encode() in wrapper.read_bytes()
 
 
-def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_status(forks, tmp_path):
+def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_status(forks):
     wrapper, server = forks
-    launcher, path = _planner(wrapper, tmp_path)
-    assert Path(path).parent == tmp_path  # the environment reached it; its stdout was the launcher's
+    launcher, path = _planner(wrapper)
+    assert Path(path).parent == _sockets(wrapper)  # the environment reached it; its stdout was the launcher's
     forked = wait_for(lambda: children(server.pid), 30, what="the server's child")
     assert len(forked) == 1 and forked[0] != launcher.pid
     assert b"lakefeed.ops.fork_server" in Path(f"/proc/{forked[0]}/cmdline").read_bytes()
@@ -83,22 +91,22 @@ def test_a_planner_is_forked_with_the_launchers_streams_environment_and_exit_sta
     launcher.stdin.close()  # Spark's way of telling the planner's daemon to end
     native = subprocess.run([sys.executable, *PLANNER], input=b"", capture_output=True, timeout=60, check=False,
                             env={**os.environ, "PYTHON_UNIX_DOMAIN_ENABLED": "true",
-                                 "PYTHON_WORKER_FACTORY_SOCK_DIR": str(tmp_path)})
+                                 "PYTHON_WORKER_FACTORY_SOCK_DIR": str(_sockets(wrapper))})
     assert launcher.wait(timeout=30) == native.returncode  # the status the interpreter itself ends with
     wait_for(lambda: not alive(forked[0]), 30, what="the child reaped")
 
 
-def test_a_child_killed_by_a_signal_ends_its_launcher_by_that_signal(forks, tmp_path):
+def test_a_child_killed_by_a_signal_ends_its_launcher_by_that_signal(forks):
     wrapper, server = forks
-    launcher, _ = _planner(wrapper, tmp_path)
+    launcher, _ = _planner(wrapper)
     child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     os.kill(child, signal.SIGKILL)
     assert launcher.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_a_signal_to_the_launcher_reaches_the_child_and_its_status_comes_back(forks, tmp_path):
+def test_a_signal_to_the_launcher_reaches_the_child_and_its_status_comes_back(forks):
     wrapper, server = forks
-    launcher, _ = _planner(wrapper, tmp_path)
+    launcher, _ = _planner(wrapper)
     child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     wait_for(lambda: _catches(child, signal.SIGTERM), 30, what="the daemon's SIGTERM handler")  # set after its port
     launcher.send_signal(signal.SIGTERM)  # Spark's destroy(): forwarded, the daemon's handler exits 1
@@ -106,22 +114,22 @@ def test_a_signal_to_the_launcher_reaches_the_child_and_its_status_comes_back(fo
     wait_for(lambda: not alive(child), 30, what="the child gone")
 
 
-def test_a_launcher_killed_outright_takes_its_child_along(forks, tmp_path):
+def test_a_launcher_killed_outright_takes_its_child_along(forks):
     wrapper, server = forks
-    launcher, _ = _planner(wrapper, tmp_path)
+    launcher, _ = _planner(wrapper)
     child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     launcher.kill()
     launcher.wait(timeout=30)
     wait_for(lambda: not alive(child), 30, what="the orphaned child killed")
-    again, path = _planner(wrapper, tmp_path)  # and the server serves on
-    assert Path(path).parent == tmp_path
+    again, path = _planner(wrapper)  # and the server serves on
+    assert Path(path).parent == _sockets(wrapper)
     again.stdin.close()
     assert again.wait(timeout=30) == 1
 
 
-def test_the_server_ends_with_the_daemon_and_takes_its_children(forks, tmp_path):
+def test_the_server_ends_with_the_daemon_and_takes_its_children(forks):
     wrapper, server = forks
-    launcher, _ = _planner(wrapper, tmp_path)
+    launcher, _ = _planner(wrapper)
     child = wait_for(lambda: children(server.pid), 30, what="the server's child")[0]
     server.stdin.close()  # what the daemon's exit, however it comes, does to the pipe
     assert server.wait(timeout=30) == 0
@@ -165,12 +173,12 @@ def test_the_compiled_stand_in_forwards_reports_and_cleans_up():
     assert (bad.returncode, b"usage" in bad.stderr) == (2, True)
 
 
-def test_with_the_server_gone_the_launcher_runs_the_module_itself(forks, tmp_path):
+def test_with_the_server_gone_the_launcher_runs_the_module_itself(forks):
     wrapper, server = forks
     server.stdin.close()
     server.wait(timeout=30)
-    launcher, path = _planner(wrapper, tmp_path)
-    assert Path(path).parent == tmp_path
+    launcher, path = _planner(wrapper)
+    assert Path(path).parent == _sockets(wrapper)
     assert b"pyspark.daemon" in Path(f"/proc/{launcher.pid}/cmdline").read_bytes()  # exec'd in place
     launcher.stdin.close()
     assert launcher.wait(timeout=30) == 1
@@ -192,7 +200,7 @@ def test_anything_not_routed_is_the_interpreter_itself(forks):
         assert fork_launcher.routed(["-m", "pyspark.daemon", "pyspark.worker"], tasks) is tasks
 
 
-def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
+def test_hostile_requests_are_refused_and_the_server_serves_on(forks):
     wrapper, server = forks
     sock_path = str(wrapper.parent / "fork.sock")
     r, w = os.pipe()
@@ -219,8 +227,8 @@ def test_hostile_requests_are_refused_and_the_server_serves_on(forks, tmp_path):
     finally:
         os.close(r)
         os.close(w)
-    launcher, path = _planner(wrapper, tmp_path)
-    assert Path(path).parent == tmp_path
+    launcher, path = _planner(wrapper)
+    assert Path(path).parent == _sockets(wrapper)
     launcher.stdin.close()
     assert launcher.wait(timeout=30) == 1
 
