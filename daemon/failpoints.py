@@ -9,7 +9,8 @@ watchdog tests). `LAKEFEED_FAILPOINT=executor:<name>` in a Spark task SIGKILLs t
 Points: `batch.discovered` (files matched and read, nothing committed), `commit.quarantine`,
 `commit.table` (state committed, changelog not), `commit.changelog_written` (a keyed batch's changelog file
 written, not committed), `commit.changelog` (both committed, manifest not written), `manifest.written`,
-`odf.block_written` (a slice's block written, `refs/head` not moved); in tasks (daemon/pipeline/tasks.py):
+`odf.block_written` (a slice's block written, `refs/head` not moved), `compaction.committed` (a table compacted
+after a batch, its manifests not written); in tasks (daemon/pipeline/tasks.py):
 `task.written` (a write task's files written, not yet returned); in the daemon's main loop
 (daemon/ops/supervisor.py), hang only: `supervisor.tick` (each turn of the loop, once the daemon is ready).
 """

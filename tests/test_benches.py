@@ -209,12 +209,17 @@ def check_s3_listing(r: dict[str, Any]) -> None:
 
 def check_delta_state(r: dict[str, Any]) -> None:
     completed(r)
-    assert set(r["variants"]) == {"kept", "lakefeed"}
+    assert set(r["variants"]) == {"kept", "lakefeed", "compacted"}
     for variant in r["variants"].values():
         assert variant["ok"] is True
         assert variant["rows"] == 3 * r["commits"] * r["tables"] and variant["committed_versions"] == [r["commits"] - 1]
         positive(variant, "seconds", "commits_per_s", "rss_settled_mib", "rss_end_mib", "round_time_last_over_first")
-    positive(r, "ratio_seconds_lakefeed_vs_kept", "ratio_growth_lakefeed_vs_kept")
+    assert r["variants"]["lakefeed"]["files_at_end"] == r["commits"] * r["tables"]
+    # Compacted every 10 of the smoke's 30 commits: the last compaction leaves each table one file.
+    assert r["variants"]["compacted"]["files_at_end"] == r["tables"]
+    positive(r, "ratio_seconds_lakefeed_vs_kept", "ratio_growth_lakefeed_vs_kept",
+             "ratio_seconds_compacted_vs_lakefeed", "ratio_growth_compacted_vs_lakefeed",
+             "ratio_read_compacted_vs_lakefeed")
 
 
 def check_s3_notify(r: dict[str, Any]) -> None:

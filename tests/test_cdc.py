@@ -60,13 +60,15 @@ class Lake:
     """One entity with a CDC strategy, fed batch by batch through EntityPipeline.process."""
 
     def __init__(self, root: Path, cdc: dict, event_time: dict | None = None, pattern: str = "/*.csv",
-                 prepare: bool = True, schema: dict = SCHEMA_DOC, writer: str = "delta-rs") -> None:
+                 prepare: bool = True, schema: dict = SCHEMA_DOC, writer: str = "delta-rs",
+                 compact_every: int = 0) -> None:
         """`prepare`: a pipeline and inbox for direct process() calls (not when a Spark query will run it);
-        `writer`: delta-spark writes through the active Spark session (the test session's)."""
+        `writer`: delta-spark writes through the active Spark session (the test session's); `compact_every`:
+        the entity's compaction.every (0: never)."""
         (root / "landing").mkdir(parents=True)
         (root / "landing" / "sales.cdm.json").write_text(json.dumps(schema))
         entity = entity_yaml(cdc=cdc, patterns=[{"name": "all", "root_location": "data", "glob_pattern": pattern}],
-                             event_time=event_time or {}, writer=writer)
+                             event_time=event_time or {}, writer=writer, compaction={"every": compact_every})
         self.cfg = config.load(write_config(root, [entity])).entities[0]
         if prepare:
             self.cfg, self.pipeline, self.inbox = _prepared(self.cfg)
@@ -122,38 +124,41 @@ def _guid_keys(data: list) -> list:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=batches, update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]),
        late_policy=st.sampled_from(["apply", "quarantine", "drop"]), key=st.sampled_from(["Int64", "Guid"]),
-       key_from_document=st.booleans())
+       key_from_document=st.booleans(), compact_every=st.sampled_from([0, 1, 2]))
 # A deletion's tombstone, then an older change of its key: the tombstones table is read with GUID keys.
 @example(data=[[[_row(1, "a", 2, "d")]], [[_row(1, "b", 1, "c"), _row(2, "b", 1, "c")]]],
-         update_of_absent="insert", late_policy="apply", key="Guid", key_from_document=False)
+         update_of_absent="insert", late_policy="apply", key="Guid", key_from_document=False, compact_every=1)
 # Create, delete and create again of a present key in one batch: the last create is the row.
 @example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, "x", 1, "c"), _row(1, None, 2, "d"), _row(1, "b", 3, "c")]]],
-         update_of_absent="insert", late_policy="apply", key="Int64", key_from_document=False)
+         update_of_absent="insert", late_policy="apply", key="Int64", key_from_document=False, compact_every=0)
 # An update after a delete of its present key in one batch finds the key absent (each policy).
 @example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "update")]]],
-         update_of_absent="ignore", late_policy="apply", key="Int64", key_from_document=False)
+         update_of_absent="ignore", late_policy="apply", key="Int64", key_from_document=False, compact_every=0)
 @example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "update"),
                                             _row(1, "c", 3, "update")]]],
-         update_of_absent="quarantine", late_policy="apply", key="Guid", key_from_document=False)
+         update_of_absent="quarantine", late_policy="apply", key="Guid", key_from_document=False, compact_every=1)
 @example(data=[[[_row(1, "a", 0, "c")]], [[_row(1, None, 1, "d"), _row(1, "b", 2, "c"), _row(1, "c", 3, "update")]]],
-         update_of_absent="quarantine", late_policy="apply", key="Int64", key_from_document=False)
+         update_of_absent="quarantine", late_policy="apply", key="Int64", key_from_document=False, compact_every=0)
 def test_strategy_matches_reference_model(strategy, sequence, data, update_of_absent, late_policy, key,
-                                          key_from_document):
+                                          key_from_document, compact_every):
     """`key`: the key column's CDM type (GUIDs are strings); `key_from_document`: cdc.primary_key is not given
-    and comes from the schema document's `purpose: identifiedBy`."""
+    and comes from the schema document's `purpose: identifiedBy`; `compact_every`: the tables are compacted after
+    that many commits each (daemon/pipeline/compaction.py), or never (0)."""
     _matches_reference_model("delta-rs", strategy, sequence, data, update_of_absent, late_policy, key,
-                             key_from_document)
+                             key_from_document, compact_every)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=batches, sequence=st.sampled_from([(), ("seq",)]),
        update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]),
-       late_policy=st.sampled_from(["apply", "quarantine", "drop"]), key=st.sampled_from(["Int64", "Guid"]))
+       late_policy=st.sampled_from(["apply", "quarantine", "drop"]), key=st.sampled_from(["Int64", "Guid"]),
+       compact_every=st.sampled_from([0, 2]))
 def test_strategy_written_by_delta_spark_matches_reference_model(spark, strategy, sequence, data, update_of_absent,
-                                                                 late_policy, key):
+                                                                 late_policy, key, compact_every):
     """The same model, the tables written by delta-spark: fewer examples (a MERGE takes about a second)."""
-    _matches_reference_model("delta-spark", strategy, sequence, data, update_of_absent, late_policy, key, False)
+    _matches_reference_model("delta-spark", strategy, sequence, data, update_of_absent, late_policy, key, False,
+                             compact_every)
 
 
 def test_the_delta_spark_model_test_passes_on_a_local_cluster():
@@ -169,7 +174,7 @@ def test_the_delta_spark_model_test_passes_on_a_local_cluster():
 
 
 def _matches_reference_model(writer, strategy, sequence, data, update_of_absent, late_policy, key,
-                             key_from_document):
+                             key_from_document, compact_every):
     data = _guid_keys(data) if key == "Guid" else data
     model = Model(strategy, sequence=sequence, update_of_absent=update_of_absent, event_time="et",
                   lateness=timedelta(minutes=2), late_policy=late_policy)
@@ -178,7 +183,7 @@ def _matches_reference_model(writer, strategy, sequence, data, update_of_absent,
     with tempfile.TemporaryDirectory() as tmp:
         lake = Lake(Path(tmp), cdc,
                     {"source": "column", "column": "et", "allowed_lateness_s": 120, "late_policy": late_policy},
-                    schema=schema_doc(key, key_purpose=key_from_document), writer=writer)
+                    schema=schema_doc(key, key_purpose=key_from_document), writer=writer, compact_every=compact_every)
         assert lake.cfg.cdc.primary_key == ("k",)
         for files in data:
             model.apply_batch(files)

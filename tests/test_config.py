@@ -44,7 +44,8 @@ def test_every_problem_is_reported_with_file_line_and_field(tmp_path):
         "    patterns:\n"                        # 11
         "      - name: p\n"                      # 12
         "        regular_expression: '(['\n"     # 13
-        "    colour: blue\n",                    # 14
+        "    colour: blue\n"                     # 14
+        "    compaction: {every: -1}\n",         # 15
         encoding="utf-8",
     )
     with pytest.raises(ConfigError) as info:
@@ -54,7 +55,8 @@ def test_every_problem_is_reported_with_file_line_and_field(tmp_path):
     assert any(p.startswith(f"{path}:10: entities.0.format.csv.delimiter:") for p in problems), problems
     assert any(p.startswith(f"{path}:12: entities.0.patterns.0:") and "does not compile" in p for p in problems)
     assert any(p.startswith(f"{path}:14: entities.0.colour: Extra inputs are not permitted") for p in problems)
-    assert len(problems) == 4
+    assert f"{path}:15: entities.0.compaction.every: Input should be greater than or equal to 0" in problems
+    assert len(problems) == 5
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path):

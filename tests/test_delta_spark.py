@@ -56,6 +56,22 @@ def test_appends_record_their_transaction_and_metadata(make, tmp_path):
     assert sink.max_of("id") == 2
 
 
+def test_compaction_rewrites_small_files_and_keeps_rows_transactions_and_metadata(make, tmp_path):
+    sink = make(tmp_path / "t", partition_by=("p",))
+    assert sink.compact(1 << 20) == (0, 0)  # no table yet
+    for n in range(4):
+        data = batch([2 * n, 2 * n + 1], ["a", "b"]).append_column("p", pa.array(["x", "y"]))
+        sink.append(data, "q1", n, {**META, "lakefeed.batch_id": str(n)})
+    before = rows(tmp_path / "t")
+    assert len(DeltaTable(str(tmp_path / "t")).file_uris()) == 8
+    assert sink.compact(1 << 20) == (8, 2)  # one file a partition
+    assert rows(tmp_path / "t") == before and len(DeltaTable(str(tmp_path / "t")).file_uris()) == 2
+    assert sink.compact(1 << 20) == (0, 0)  # nothing left to rewrite: no commit
+    assert sink.committed_version("q1") == 3 and sink.version_of("q1", 3) == sink.version() - 1
+    assert sink.latest_metadata("lakefeed.batch_id", "q1", 9) == "3"  # the compaction carries no batch's metadata
+    assert sink.commits_after(sink.version() - 1)[0]["operation"] == "OPTIMIZE"
+
+
 def test_task_written_files_are_committed_with_new_columns_and_partitions(make, tmp_path):
     root = tmp_path / "t"
     sink = make(root, partition_by=("day",))

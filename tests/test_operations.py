@@ -150,8 +150,8 @@ def test_health_metrics_status_cli_and_the_status_page(tmp_path, daemons):
     metrics = wait_for(scrape, 10, 0.2, "the metrics")
     assert 'lakefeed_batch_duration_seconds_count{entity="sales",stream="files"}' in metrics
     # Where a batch's time goes, stage by stage: each file and push batch that committed went through every stage.
-    for stream, stages in (("files", ("collect", "discover", "tasks", "commit", "manifests")),
-                           ("api", ("collect", "tasks", "commit", "manifests"))):
+    for stream, stages in (("files", ("collect", "discover", "tasks", "commit", "compaction", "manifests")),
+                           ("api", ("collect", "tasks", "commit", "compaction", "manifests"))):
         entity = "sales" if stream == "files" else "events"
         for stage in stages:
             assert f'lakefeed_batch_stage_seconds_count{{entity="{entity}",stage="{stage}",stream="{stream}"}}' \

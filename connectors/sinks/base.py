@@ -32,6 +32,11 @@ class TableSink(ABC):
         (app_id, version) and `metadata`; the table is made, or gains the columns of `schema` it lacks, first."""
 
     @abstractmethod
+    def compact(self, target_bytes: int) -> tuple[int, int]:
+        """Rewrite the table's small files into files of about `target_bytes` in one commit that changes no row
+        (none when there is nothing to rewrite); the numbers of files it removed and added."""
+
+    @abstractmethod
     def paths(self) -> set[str]:
         """The relative paths (URI-encoded, as in the log) of the files the table holds."""
 

@@ -155,6 +155,13 @@ class DeltaRsSink(TableSink):
                                        commit_properties=properties)
         self._committed(app_id, base + 1, version)  # the table object stays at `base`: the next load finds it
 
+    def compact(self, target_bytes: int) -> tuple[int, int]:
+        table = self._load()
+        if table is None:
+            return 0, 0
+        done = table.optimize.compact(target_size=target_bytes, writer_properties=self._writer)
+        return int(done["numFilesRemoved"]), int(done["numFilesAdded"])
+
     def paths(self) -> set[str]:
         table = self._load()
         if table is None:

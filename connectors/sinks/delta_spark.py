@@ -32,6 +32,8 @@ _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databri
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 _CHECKSUM = "spark.databricks.delta.writeChecksumFile.enabled"
+_OPTIMIZE_MIN = "spark.databricks.delta.optimize.minFileSize"  # smaller files are OPTIMIZE's candidates
+_OPTIMIZE_MAX = "spark.databricks.delta.optimize.maxFileSize"  # the size it writes
 
 
 def has_delta(spark: SparkSession) -> bool:
@@ -128,6 +130,17 @@ class DeltaSparkSink(DeltaRsSink):
                              "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats}}
                     for f in files]
         self._commit(actions, metadata)
+
+    def compact(self, target_bytes: int) -> tuple[int, int]:
+        """Delta's OPTIMIZE, whose rewrite runs in Spark's tasks: files under `target_bytes` are its candidates."""
+        from delta.tables import DeltaTable
+
+        if self.schema() is None:
+            return 0, 0
+        with _SessionConf(self._spark, {_OPTIMIZE_MIN: str(target_bytes), _OPTIMIZE_MAX: str(target_bytes)}):
+            done = DeltaTable.forPath(self._spark, self._path).optimize().executeCompaction().collect()
+        metrics = done[0]["metrics"] if done else None
+        return (int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])) if metrics else (0, 0)
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int, metadata: dict[str, str]) -> int:
         from delta.tables import DeltaTable  # delta-spark's Python API: imported where the jar is in use

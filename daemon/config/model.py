@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo,
 from lakefeed.config import cdm_root, lines
 from lakefeed.config.base import Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
+from lakefeed.config.compaction import Compaction
 from lakefeed.config.formats import CsvFormat, FileFormat, JsonFormat, ModelJsonFormat, ParquetFormat
 from lakefeed.config.limits import Limits
 from lakefeed.config.manifests import Kartothek, Msc, clashes
@@ -158,6 +159,7 @@ class EntityConfig(Frozen):
     limits: Limits = Limits()
     msc: Msc = Field(default=Msc(), description="MSC manifests of the landing folder and of the tables.")
     kartothek: Kartothek = Field(default=Kartothek(), description="The table as a Kartothek dataset too.")
+    compaction: Compaction = Compaction()
     partition_by: tuple[str, ...] = Field(default=(), description="Columns (e.g. partition arguments) a new table "
                                           "is partitioned by: Hive-style folders, Kartothek's partition keys.")
     table: Location

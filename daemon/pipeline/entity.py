@@ -35,6 +35,7 @@ from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
 from lakefeed.pipeline import keyed, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
+from lakefeed.pipeline.compaction import Compactor
 from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
 from lakefeed.pipeline.sinks import Sinks
@@ -56,6 +57,7 @@ class EntityPipeline:
         self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
         self.manifests = manifests_of(cfg, self.keeper, self.storage)
         self._offsets = ChangelogOffsets(sinks.changelog)
+        self.compactor = Compactor(cfg, sinks)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
         # Told the schema pushes are checked against after each commit (the intake process, daemon/intake/client.py).
@@ -120,17 +122,16 @@ class EntityPipeline:
 
     def process(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
         """A micro-batch of the file source."""
-        with self._lock:
-            try:
-                return self._process_files(records, batch_id)
-            finally:
-                self._table_changed()
+        return self._in_turn(self._process_files, records, batch_id)
 
     def process_frames(self, stream: str, entries: list[Entry], batch_id: int) -> BatchResult:
         """A micro-batch of a push source: spool frames, validated when they were acknowledged."""
-        with self._lock:
+        return self._in_turn(self._process_frames, stream, entries, batch_id)
+
+    def _in_turn(self, process: Callable[..., BatchResult], *args: Any) -> BatchResult:
+        with self._lock:  # the streams' batches take turns
             try:
-                return self._process_frames(stream, entries, batch_id)
+                return process(*args)
             finally:
                 self._table_changed()
 
@@ -169,17 +170,12 @@ class EntityPipeline:
                 snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
                     if self.cfg.cdc.strategy == "snapshot" else None
                 self._commit_keyed(committer, staged, result, checked_at, log_, snapshot)
-        with result.timed("manifests"):
-            self._manifests()
+        self._after(result)
         return result
 
     def process_messages(self, stream: str, parts: tasks.Parts, batch_id: int) -> BatchResult:
         """A micro-batch of a Kafka source: its messages (topic, partition, offset, key, value, …) where they are."""
-        with self._lock:
-            try:
-                return self._process_messages(stream, parts, batch_id)
-            finally:
-                self._table_changed()
+        return self._in_turn(self._process_messages, stream, parts, batch_id)
 
     def _process_messages(self, stream: str, parts: tasks.Parts, batch_id: int) -> BatchResult:
         result = BatchResult(batch_id)
@@ -212,8 +208,7 @@ class EntityPipeline:
                 park_staged(committer, self.spread, staged, result, checked_at, log_)
             else:  # the batch's messages are one source, ordered by (topic, partition, offset)
                 self._commit_keyed(committer, staged, result, checked_at, log_, None, numbered=True)
-        with result.timed("manifests"):
-            self._manifests()
+        self._after(result)
         return result
 
     def _process_files(self, records: list[InboxRecord], batch_id: int) -> BatchResult:
@@ -260,8 +255,7 @@ class EntityPipeline:
                     recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
                     snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
                 self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted)
-        with result.timed("manifests"):
-            self._manifests(records[-1].offset + 1)
+        self._after(result, records[-1].offset + 1)
         return result
 
     def _discover_all(self, records: list[InboxRecord], result: BatchResult, log_: Any) -> tuple[
@@ -350,6 +344,13 @@ class EntityPipeline:
         if self.mirror is not None:
             return path.removeprefix(self.mirror.url)
         return Path(os.path.relpath(path, self.root)).as_posix()
+
+    def _after(self, result: BatchResult, end: int | None = None) -> None:
+        """After a batch's commits: its tables compacted when due (pipeline/compaction.py), then the manifests."""
+        with result.timed("compaction"):
+            self.compactor.run(self.halted)
+        with result.timed("manifests"):
+            self._manifests(end)
 
     def _manifests(self, end: int | None = None) -> None:
         """After a batch (committed, or replayed and found committed): each manifest brought to committed state;

@@ -1,0 +1,17 @@
+"""When an entity's tables have their small files rewritten into larger ones (daemon/pipeline/compaction.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from lakefeed.config.base import Frozen
+
+
+class Compaction(Frozen):
+    """Each batch adds a file or a few to a table; compacting rewrites the small ones into files of about
+    `target_file_mb`, in a commit that changes no row. The changelog is never compacted: its files are the ODF
+    chain's data slices (docs/odf.md)."""
+
+    every: int = Field(default=50, ge=0, description="Compact a table (the current state, quarantine, history, "
+                                                     "tombstones) after this many commits to it; 0: never.")
+    target_file_mb: int = Field(default=128, ge=1, le=4096, description="The size compacted files are aimed at.")

@@ -1,0 +1,75 @@
+"""Compaction of an entity's tables between its batches.
+
+Each batch adds a file or a few to a table. A table that keeps them all costs its readers, and the daemon, more
+with every batch: the writer holds an entry of each live file in memory (about 1.4 KiB a file with delta-rs;
+docs/architecture.md). So once a table has had `compaction.every` commits since it was last compacted, its small
+files are rewritten into larger ones (delta-rs's optimize, or delta-spark's OPTIMIZE in Spark's tasks). That
+commit changes no row and carries no batch's metadata: replays, the watermark and the manifests' partitions never
+take it for a batch. It comes after every commit of the batch, so a replay never finds it in the middle of one.
+The changelog is left as it is: its files are the ODF chain's data slices (docs/odf.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from lakefeed import failpoints, log
+from lakefeed.config.model import EntityConfig
+from lakefeed.connectors.sinks.base import TableSink
+from lakefeed.pipeline.sinks import Sinks
+
+_log = log.get(__name__)
+OPTIMIZE = "OPTIMIZE"  # the operation of a compaction's commit, in delta-rs's and delta-spark's logs alike
+
+
+class Compactor:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks) -> None:
+        self._entity = cfg.name
+        self._every = cfg.compaction.every
+        self._target = cfg.compaction.target_file_mb << 20
+        named = (("table", sinks.table), ("quarantine", sinks.quarantine), ("history", sinks.history),
+                 ("tombstones", sinks.tombstones))
+        self._tables = {name: sink for name, sink in named if sink is not None}
+        self._since: dict[str, int] = {}  # table -> the version its commits are counted from
+
+    def run(self, halted: Callable[[], bool]) -> int:
+        """Compact the tables that are due, after a batch's commits and under the entity's lock (no other commit
+        of the entity's comes in between); the number of files rewritten. Stops once `halted()` (a stop's time is
+        up): compaction can wait for the next start."""
+        rewritten = 0
+        for name, sink in self._tables.items() if self._every else ():
+            version = sink.version()
+            if version is None or halted():
+                continue
+            if name not in self._since:
+                self._since[name] = self._last(sink, version)
+            if version - self._since[name] < self._every:
+                continue
+            rewritten += self._compact(name, sink)
+        return rewritten
+
+    def _compact(self, name: str, sink: TableSink) -> int:
+        started = time.perf_counter()
+        try:
+            removed, added = sink.compact(self._target)
+        except Exception as exc:  # the batch is committed whatever happens here: tried again `every` commits on
+            _log.warning("table.compaction_failed", entity=self._entity, table=name, error=f"{type(exc).__name__}: "
+                         f"{exc}", retry=f"after {self._every} more commits")
+            self._since[name] = sink.version() or 0
+            return 0
+        self._since[name] = sink.version() or 0
+        if removed:
+            failpoints.reached("compaction.committed")
+            _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
+                      version=self._since[name], seconds=round(time.perf_counter() - started, 3))
+        return removed
+
+    def _last(self, sink: TableSink, version: int) -> int:
+        """Where a table's commits are counted from after a start: its newest compaction among its last `every`
+        commits, else `every` commits back (so it is due now)."""
+        start = max(version - self._every, -1)
+        for commit in reversed(sink.commits_after(start)):
+            if commit.get("operation") == OPTIMIZE:
+                return int(commit["version"])
+        return start

@@ -1,0 +1,128 @@
+"""Compaction of an entity's tables between batches (daemon/pipeline/compaction.py): the files stay few, every row
+stays, the changelog's slices are never touched, the manifests list the compacted files, and a crash or a failure
+of the compaction loses nothing."""
+
+from __future__ import annotations
+
+import pytest
+from deltalake import DeltaTable
+from structlog.testing import capture_logs
+
+from lakefeed import failpoints
+from lakefeed.config import model as config
+from lakefeed.inbox.files import FileEvent
+from lakefeed.pipeline.verify import verify
+from tests.conftest import entity_yaml, land, write_config
+from tests.test_pipeline import _pipeline, _prepared
+
+
+def _lake(tmp_path, every: int, **entity):
+    doc = entity_yaml(compaction={"every": every}, msc={"tables": {"enabled": True}}, kartothek={"enabled": True},
+                      **entity)
+    return _prepared(config.load(write_config(tmp_path, [doc])).entities[0])
+
+
+def _land(cfg, inbox, n: int, rows: int = 3):
+    body = "id,amount\n" + "".join(f"{n * 100 + i},{i}.5\n" for i in range(rows))
+    return inbox.offer([FileEvent.of(land(cfg.source.path / "sales" / f"f{n:03d}.csv", body))])
+
+
+def _files(uri) -> int:
+    return len(DeltaTable(str(uri)).file_uris())
+
+
+def _ids(uri) -> list[int]:
+    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
+
+
+def _compactions(uri) -> list[int]:
+    return sorted(c["version"] for c in DeltaTable(str(uri)).history() if c.get("operation") == "OPTIMIZE")
+
+
+def test_an_append_table_is_compacted_every_few_commits_and_keeps_every_row(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=4)
+    with capture_logs() as logs:
+        for n in range(10):
+            result = pipeline.process(_land(cfg, inbox, n), n)
+            assert _files(cfg.table) <= 4  # never more files than commits between compactions
+            assert "compaction" in result.stages
+    assert _ids(cfg.table) == sorted(n * 100 + i for n in range(10) for i in range(3))
+    # Commits 0-3 (the table's creation is version 0), then 5-8: two compactions, each right after its fourth.
+    assert _compactions(cfg.table) == [4, 9]
+    assert _files(cfg.changelog) == 10  # one slice a batch, as the ODF chain has them
+    compacted = [e for e in logs if e["event"] == "table.compacted"]
+    # The second takes the first's file along: it is smaller than the target too.
+    assert [(e["table"], e["files_removed"], e["files_added"]) for e in compacted] == [("table", 4, 1), ("table", 5, 1)]
+    assert verify(cfg) == []  # the changelog replays to the table; the MSC and Kartothek manifests list its files
+
+
+def test_commits_since_the_last_compaction_are_counted_across_a_restart(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=3)
+    for n in range(5):  # versions 0-2, a compaction (3), then 4 and 5
+        pipeline.process(_land(cfg, inbox, n), n)
+    assert _compactions(cfg.table) == [3]
+    fresh = _pipeline(cfg)  # a restart: it finds the compaction in the log and counts on from it
+    fresh.process(_land(cfg, inbox, 5), 5)
+    assert _compactions(cfg.table) == [3, 7]
+    again = _pipeline(cfg)
+    again.process(_land(cfg, inbox, 6), 6)
+    assert _compactions(cfg.table) == [3, 7]  # one commit since the last: not due
+    assert _ids(cfg.table) == sorted(n * 100 + i for n in range(7) for i in range(3))
+
+
+def test_every_zero_never_compacts(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=0)
+    for n in range(4):
+        pipeline.process(_land(cfg, inbox, n), n)
+    assert _compactions(cfg.table) == [] and _files(cfg.table) == 4
+
+
+def test_a_crash_right_after_a_compaction_loses_nothing_and_the_replay_brings_the_manifests_current(
+        tmp_path, monkeypatch):
+    cfg, pipeline, inbox = _lake(tmp_path, every=2)
+    pipeline.process(_land(cfg, inbox, 0), 0)
+    records = _land(cfg, inbox, 1)
+
+    def crash(name: str) -> None:
+        if name == "compaction.committed":
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(failpoints, "reached", crash)
+    with pytest.raises(RuntimeError):
+        pipeline.process(records, 1)
+    monkeypatch.undo()
+    assert _compactions(cfg.table) == [2] and verify(cfg) != []  # compacted; its manifests not written
+    fresh = _pipeline(cfg)
+    assert fresh.process(records, 1).skipped  # Spark replays the batch: committed already
+    assert verify(cfg) == []
+    assert _ids(cfg.table) == [0, 1, 2, 100, 101, 102]
+
+
+def test_a_compaction_that_fails_leaves_the_batch_committed_and_is_tried_again_later(tmp_path, monkeypatch):
+    cfg, pipeline, inbox = _lake(tmp_path, every=2)
+    monkeypatch.setattr(pipeline.sinks.table, "compact", lambda target: (_ for _ in ()).throw(OSError("disk full")))
+    with capture_logs() as logs:
+        for n in range(3):
+            pipeline.process(_land(cfg, inbox, n), n)
+    failed = [e for e in logs if e["event"] == "table.compaction_failed"]
+    assert [(e["table"], e["error"]) for e in failed] == [("table", "OSError: disk full")]
+    assert _ids(cfg.table) == [0, 1, 2, 100, 101, 102, 200, 201, 202] and verify(cfg) == []
+    monkeypatch.undo()
+    pipeline.process(_land(cfg, inbox, 3), 3)  # the second commit since the failed try
+    assert _compactions(cfg.table) == [4] and _files(cfg.table) == 1
+
+
+def test_a_keyed_entity_s_tables_are_compacted_and_still_replay(tmp_path):
+    from tests.test_cdc import T0, Lake
+
+    lake = Lake(tmp_path, {"strategy": "upsert", "primary_key": ["k"], "history": True}, compact_every=2)
+    expected = {}
+    for n in range(6):  # each batch brings two new keys, and a row without a key
+        rows = [{"k": k, "v": f"v{n}", "seq": n, "IsDelete": False, "op": "u", "et": T0} for k in (2 * n, 2 * n + 1)]
+        lake.batch([rows + [{"k": None, "v": "x", "seq": n, "IsDelete": False, "op": "u", "et": T0}]])
+        expected.update({r["k"]: r["v"] for r in rows})
+    assert {k: row["v"] for k, row in lake.state().items()} == expected
+    assert lake.quarantined() == 6
+    for table in (lake.cfg.table, lake.cfg.history, lake.cfg.quarantine):
+        assert _compactions(table) and _files(table) <= 2, (table, _files(table))
+    assert verify(lake.cfg) == []
