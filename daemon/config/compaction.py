@@ -9,8 +9,8 @@ from lakefeed.config.base import Frozen
 
 class Compaction(Frozen):
     """Each batch adds a file or a few to a table; compacting rewrites the small ones into files of about
-    `target_file_mb`, in a commit that changes no row. The changelog is never compacted: its files are the ODF
-    chain's data slices (docs/odf.md)."""
+    `target_file_mb`, in a commit that changes no row. The changelog is not compacted: the ODF chain counts on a
+    file a batch there (daemon/pipeline/compaction.py)."""
 
     every: int = Field(default=50, ge=0, description="Compact a table (the current state, quarantine, history, "
                                                      "tombstones) after this many commits to it; 0: never.")

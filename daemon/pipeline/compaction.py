@@ -6,7 +6,10 @@ docs/architecture.md). So once a table has had `compaction.every` commits since 
 files are rewritten into larger ones (delta-rs's optimize, or delta-spark's OPTIMIZE in Spark's tasks). That
 commit changes no row and carries no batch's metadata: replays, the watermark and the manifests' partitions never
 take it for a batch. It comes after every commit of the batch, so a replay never finds it in the middle of one.
-The changelog is left as it is: its files are the ODF chain's data slices (docs/odf.md).
+The changelog is left as it is. The ODF chain links each batch's changelog file as its commit added it (docs/odf.md),
+which a compaction would not disturb (the file stays on storage); but when the log no longer reaches back to the
+chain's last commit, the chain takes the changelog's current files as slices, one a batch, and compacted files hold
+many batches.
 """
 
 from __future__ import annotations
