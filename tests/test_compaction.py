@@ -56,6 +56,19 @@ def test_an_append_table_is_compacted_every_few_commits_and_keeps_every_row(tmp_
     assert verify(cfg) == []  # the changelog replays to the table; the MSC and Kartothek manifests list its files
 
 
+def test_files_of_an_evolved_schema_are_compacted_with_the_columns_they_lack_as_nulls(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=3)
+    pipeline.process(_land(cfg, inbox, 0), 0)
+    later = land(cfg.source.path / "sales" / "g.csv", "id,amount,note\n7,7.5,seven\n")  # a column more
+    pipeline.process(inbox.offer([FileEvent.of(later)]), 1)
+    pipeline.process(_land(cfg, inbox, 2), 2)
+    # Batch 1 made two commits (its new column, then its files): the table's third, so the compaction came after it.
+    assert _compactions(cfg.table) == [3] and _files(cfg.table) == 2
+    notes = {r["id"]: r["note"] for r in DeltaTable(str(cfg.table)).to_pyarrow_table().to_pylist()}
+    assert notes == {0: None, 1: None, 2: None, 7: "seven", 200: None, 201: None, 202: None}
+    assert verify(cfg) == []
+
+
 def test_commits_since_the_last_compaction_are_counted_across_a_restart(tmp_path):
     cfg, pipeline, inbox = _lake(tmp_path, every=3)
     for n in range(5):  # versions 0-2, a compaction (3), then 4 and 5
