@@ -16,9 +16,9 @@ from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _pipeline, _prepared
 
 
-def _lake(tmp_path, every: int, **entity):
-    doc = entity_yaml(compaction={"every": every}, msc={"tables": {"enabled": True}}, kartothek={"enabled": True},
-                      **entity)
+def _lake(tmp_path, every: int, retain_hours: int | None = 168, **entity):
+    doc = entity_yaml(compaction={"every": every, "vacuum_retain_hours": retain_hours},
+                      msc={"tables": {"enabled": True}}, kartothek={"enabled": True}, **entity)
     return _prepared(config.load(write_config(tmp_path, [doc])).entities[0])
 
 
@@ -54,6 +54,26 @@ def test_an_append_table_is_compacted_every_few_commits_and_keeps_every_row(tmp_
     # The second takes the first's file along: it is smaller than the target too.
     assert [(e["table"], e["files_removed"], e["files_added"]) for e in compacted] == [("table", 4, 1), ("table", 5, 1)]
     assert verify(cfg) == []  # the changelog replays to the table; the MSC and Kartothek manifests list its files
+    assert len(_stored(cfg.table)) == 10 + 2  # the replaced files stay for a week (vacuum_retain_hours: 168)
+
+
+def _stored(uri) -> list:
+    return [p for p in uri.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts[-2:])]
+
+
+def test_the_vacuum_deletes_the_files_a_compaction_replaced_once_they_are_old_enough(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=3, retain_hours=0)
+    with capture_logs() as logs:
+        for n in range(7):
+            pipeline.process(_land(cfg, inbox, n), n)
+    assert _compactions(cfg.table) == [3, 9]  # each vacuum that deletes files is two commits (its start and end)
+    assert len(_stored(cfg.table)) == _files(cfg.table) == 2  # the compacted file and the newest batch's
+    assert [e["files_removed"] for e in logs if e["event"] == "table.compacted"] == [3, 4]
+    assert _ids(cfg.table) == sorted(n * 100 + i for n in range(7) for i in range(3))
+    assert _files(cfg.changelog) == len(_stored(cfg.changelog)) == 7  # never compacted, so nothing to delete
+    assert verify(cfg) == []  # the MSC manifest in the table's folder (.msc_manifests) is still there, and right
+    with pytest.raises(FileNotFoundError):  # time travel before the vacuum: its files are gone
+        DeltaTable(str(cfg.table), version=1).to_pyarrow_table()
 
 
 def test_files_of_an_evolved_schema_are_compacted_with_the_columns_they_lack_as_nulls(tmp_path):

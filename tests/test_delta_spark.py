@@ -70,6 +70,11 @@ def test_compaction_rewrites_small_files_and_keeps_rows_transactions_and_metadat
     assert sink.committed_version("q1") == 3 and sink.version_of("q1", 3) == sink.version() - 1
     assert sink.latest_metadata("lakefeed.batch_id", "q1", 9) == "3"  # the compaction carries no batch's metadata
     assert sink.commits_after(sink.version() - 1)[0]["operation"] == "OPTIMIZE"
+    stored = lambda: sorted(p.name for p in (tmp_path / "t").rglob("*.parquet"))  # noqa: E731
+    sink.vacuum(168)
+    assert len(stored()) == 10  # the replaced files are too young
+    sink.vacuum(0)
+    assert len(stored()) == 2 and rows(tmp_path / "t") == before
 
 
 def test_task_written_files_are_committed_with_new_columns_and_partitions(make, tmp_path):

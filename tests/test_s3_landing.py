@@ -176,3 +176,25 @@ def test_data_files_in_a_bucket_are_written_without_folder_markers_and_swept_by_
     left = [o["Key"] for o in moto.client("s3").list_objects_v2(Bucket="landing")["Contents"]]
     # pyarrow keeps a folder it emptied as a marker object; only the kept file holds data.
     assert [k for k in left if not k.endswith("/")] == [f"lake/table/{written[0].path}"]
+
+
+def test_a_table_in_a_bucket_is_compacted_and_vacuumed(store, moto):
+    """Compaction and vacuum (daemon/pipeline/compaction.py) of a table in a bucket, through the sink: a commit that
+    changes no row, then the replaced objects deleted."""
+    import pyarrow as pa
+
+    from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+
+    sink = DeltaRsSink("s3://landing/lake/t", storage_options=store.delta_options("s3://landing/lake/t"))
+    for n in range(4):
+        sink.append(pa.table({"id": [2 * n, 2 * n + 1]}), "q1", n, {"lakefeed.batch_id": str(n)})
+
+    def data() -> list[str]:
+        objects = moto.client("s3").list_objects_v2(Bucket="landing", Prefix="lake/t/")["Contents"]
+        return [o["Key"] for o in objects if o["Key"].endswith(".parquet") and "/_delta_log/" not in o["Key"]]
+
+    assert len(data()) == 4
+    assert sink.compact(1 << 20) == (4, 1)
+    sink.vacuum(0)
+    assert len(data()) == 1 and sorted(sink.to_arrow().column("id").to_pylist()) == list(range(8))
+    assert sink.committed_version("q1") == 3

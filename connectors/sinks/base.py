@@ -37,6 +37,11 @@ class TableSink(ABC):
         (none when there is nothing to rewrite); the numbers of files it removed and added."""
 
     @abstractmethod
+    def vacuum(self, retain_hours: int) -> None:
+        """Delete the files under the table's folder that its current version does not use and that are older
+        than `retain_hours` (hidden and `_`-prefixed paths, its log among them, stay)."""
+
+    @abstractmethod
     def paths(self) -> set[str]:
         """The relative paths (URI-encoded, as in the log) of the files the table holds."""
 

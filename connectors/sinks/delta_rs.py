@@ -162,6 +162,15 @@ class DeltaRsSink(TableSink):
         done = table.optimize.compact(target_size=target_bytes, writer_properties=self._writer)
         return int(done["numFilesRemoved"]), int(done["numFilesAdded"])
 
+    def vacuum(self, retain_hours: int) -> None:
+        table = self._load()
+        if table is None:
+            return
+        # Full: every file on storage against the log, not only the removals the table's state still lists, which
+        # it forgets after delta.deletedFileRetentionDuration (a week), about when a week-old file would be due.
+        # What it returns is no count: it names again, until they expire, removals an earlier vacuum deleted.
+        table.vacuum(retention_hours=retain_hours, dry_run=False, enforce_retention_duration=False, full=True)
+
     def paths(self) -> set[str]:
         table = self._load()
         if table is None:

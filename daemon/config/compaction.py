@@ -15,3 +15,7 @@ class Compaction(Frozen):
     every: int = Field(default=50, ge=0, description="Compact a table (the current state, quarantine, history, "
                                                      "tombstones) after this many commits to it; 0: never.")
     target_file_mb: int = Field(default=128, ge=1, le=4096, description="The size compacted files are aimed at.")
+    vacuum_retain_hours: int | None = Field(
+        default=168, ge=0, description="With each compaction, the files a table stopped using (compacted, or "
+                                       "rewritten by a MERGE) this many hours ago are deleted from storage (Delta's "
+                                       "VACUUM); time travel reaches back this far. null: never.")

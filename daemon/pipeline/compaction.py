@@ -1,12 +1,14 @@
-"""Compaction of an entity's tables between its batches.
+"""Compaction and vacuum of an entity's tables between its batches.
 
 Each batch adds a file or a few to a table. A table that keeps them all costs its readers more with every batch: a
 file to open each, and an entry per file in every load of the table (bench/delta_state.py: reading 40 tables of 200
 one-batch files took 16 times as long as reading them compacted). So once a table has had `compaction.every`
-commits since it was last compacted, its small
-files are rewritten into larger ones (delta-rs's optimize, or delta-spark's OPTIMIZE in Spark's tasks). That
-commit changes no row and carries no batch's metadata: replays, the watermark and the manifests' partitions never
-take it for a batch. It comes after every commit of the batch, so a replay never finds it in the middle of one.
+commits since its last compaction, its small files are rewritten into larger ones (delta-rs's optimize, or
+delta-spark's OPTIMIZE in Spark's tasks). That commit changes no row and carries no batch's metadata: replays, the
+watermark and the manifests' partitions never take it for a batch. It comes after every commit of the batch, so a
+replay never finds it in the middle of one. Then the files the table stopped using `vacuum_retain_hours` ago
+(compacted, or rewritten by a MERGE) are deleted from storage, which would otherwise keep every version's.
+
 The changelog is left as it is. The ODF chain links each batch's changelog file as its commit added it (docs/odf.md),
 which a compaction would not disturb (the file stays on storage); but when the log no longer reaches back to the
 chain's last commit, the chain takes the changelog's current files as slices, one a batch, and compacted files hold
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from lakefeed import failpoints, log
 from lakefeed.config.model import EntityConfig
@@ -24,6 +27,7 @@ from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.pipeline.sinks import Sinks
 
 _log = log.get(__name__)
+T = TypeVar("T")
 OPTIMIZE = "OPTIMIZE"  # the operation of a compaction's commit, in delta-rs's and delta-spark's logs alike
 
 
@@ -32,6 +36,7 @@ class Compactor:
         self._entity = cfg.name
         self._every = cfg.compaction.every
         self._target = cfg.compaction.target_file_mb << 20
+        self._retain = cfg.compaction.vacuum_retain_hours
         named = (("table", sinks.table), ("quarantine", sinks.quarantine), ("history", sinks.history),
                  ("tombstones", sinks.tombstones))
         self._tables = {name: sink for name, sink in named if sink is not None}
@@ -54,20 +59,30 @@ class Compactor:
         return rewritten
 
     def _compact(self, name: str, sink: TableSink) -> int:
+        """Compact the table, then vacuum it; each step that fails is logged and tried again `every` commits on:
+        the batch is committed whatever happens here."""
         started = time.perf_counter()
-        try:
-            removed, added = sink.compact(self._target)
-        except Exception as exc:  # the batch is committed whatever happens here: tried again `every` commits on
-            _log.warning("table.compaction_failed", entity=self._entity, table=name, error=f"{type(exc).__name__}: "
-                         f"{exc}", retry=f"after {self._every} more commits")
-            self._since[name] = sink.version() or 0
-            return 0
-        self._since[name] = sink.version() or 0
+        removed, added = self._attempt(name, "compaction", lambda: sink.compact(self._target)) or (0, 0)
         if removed:
             failpoints.reached("compaction.committed")
             _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
-                      version=self._since[name], seconds=round(time.perf_counter() - started, 3))
+                      version=sink.version(), seconds=round(time.perf_counter() - started, 3))
+        retain = self._retain
+        if retain is not None:
+            started = time.perf_counter()
+            if self._attempt(name, "vacuum", lambda: sink.vacuum(retain) or True):
+                _log.debug("table.vacuumed", entity=self._entity, table=name, retain_hours=retain,
+                           seconds=round(time.perf_counter() - started, 3))
+        self._since[name] = sink.version() or 0
         return removed
+
+    def _attempt(self, name: str, step: str, run: Callable[[], T]) -> T | None:
+        try:
+            return run()
+        except Exception as exc:  # upkeep: a store's error or a full disk must not fail a committed batch
+            _log.warning(f"table.{step}_failed", entity=self._entity, table=name,
+                         error=f"{type(exc).__name__}: {exc}", retry=f"after {self._every} more commits")
+            return None
 
     def _last(self, sink: TableSink, version: int) -> int:
         """Where a table's commits are counted from after a start: its newest compaction among its last `every`
