@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from lakefeed import failpoints, log
@@ -45,35 +46,41 @@ class Compactor:
     def run(self, halted: Callable[[], bool]) -> int:
         """Compact the tables that are due, after a batch's commits and under the entity's lock (no other commit
         of the entity's comes in between); the number of files rewritten. Stops once `halted()` (a stop's time is
-        up): compaction can wait for the next start."""
+        up): compaction can wait for the next start. Nothing here fails the batch, which is committed already: a
+        step that fails is logged and tried again `every` commits on."""
         rewritten = 0
         for name, sink in self._tables.items() if self._every else ():
-            version = sink.version()
-            if version is None or halted():
-                continue
-            if name not in self._since:
-                self._since[name] = self._last(sink, version)
-            if version - self._since[name] < self._every:
-                continue
-            rewritten += self._compact(name, sink)
+            if halted():
+                break
+            version = self._attempt(name, "compaction", partial(self._due, name, sink))
+            if version is not None:
+                rewritten += self._compact(name, sink, version)
         return rewritten
 
-    def _compact(self, name: str, sink: TableSink) -> int:
-        """Compact the table, then vacuum it; each step that fails is logged and tried again `every` commits on:
-        the batch is committed whatever happens here."""
+    def _due(self, name: str, sink: TableSink) -> int | None:
+        """The table's version when it is due for compaction, else None."""
+        version = sink.version()
+        if version is None:
+            return None
+        if name not in self._since:
+            self._since[name] = self._last(sink, version)
+        return version if version - self._since[name] >= self._every else None
+
+    def _compact(self, name: str, sink: TableSink, version: int) -> int:
         started = time.perf_counter()
         removed, added = self._attempt(name, "compaction", lambda: sink.compact(self._target)) or (0, 0)
         if removed:
             failpoints.reached("compaction.committed")
             _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
-                      version=sink.version(), seconds=round(time.perf_counter() - started, 3))
+                      seconds=round(time.perf_counter() - started, 3))
         retain = self._retain
         if retain is not None:
             started = time.perf_counter()
             if self._attempt(name, "vacuum", lambda: sink.vacuum(retain) or True):
                 _log.debug("table.vacuumed", entity=self._entity, table=name, retain_hours=retain,
                            seconds=round(time.perf_counter() - started, 3))
-        self._since[name] = sink.version() or 0
+        after = self._attempt(name, "compaction", sink.version)
+        self._since[name] = after if after is not None else version
         return removed
 
     def _attempt(self, name: str, step: str, run: Callable[[], T]) -> T | None:
