@@ -1,6 +1,6 @@
-"""Compaction of an entity's tables between batches (daemon/pipeline/compaction.py): the files stay few, every row
-stays, the changelog's slices are never touched, the manifests list the compacted files, and a crash or a failure
-of the compaction loses nothing."""
+"""Compaction and vacuum of an entity's tables between batches (daemon/pipeline/compaction.py): the files stay few,
+every row stays, the changelog's slices are never touched, the manifests list the compacted files, the vacuum
+deletes only what the table stopped using, and a crash or a failure of the compaction loses nothing."""
 
 from __future__ import annotations
 
