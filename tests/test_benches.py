@@ -91,7 +91,7 @@ def check_ingest_files(r: dict[str, Any]) -> None:
     # Where each batch's time went (`batch.timed`): every stage, and no more than the batch took.
     assert sum(b["rows"] for b in r["lakefeed_batches_from_log"]) == r["rows"]
     for b in r["lakefeed_batches_from_log"]:
-        assert set(b["stages_s"]) == {"collect", "discover", "tasks", "commit", "manifests"}, b
+        assert set(b["stages_s"]) == {"collect", "discover", "tasks", "commit", "compaction", "manifests"}, b
         assert 0 < sum(b["stages_s"].values()) <= b["batch_s"] + 0.01, b
     # The CPU of each step (bench/_row_costs.py), over every row of the files it read, and the ceiling they make.
     costs = r["row_costs"]
