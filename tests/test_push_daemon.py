@@ -23,18 +23,26 @@ from tests.test_daemon_process import Daemon
 TOKEN = "t-push"
 
 
-def _post(url: str, rows: list[dict], key: str | None = None) -> dict:
+def _post(url: str, rows: list[dict], key: str | None = None, starting_for: float = 0.0) -> dict:
+    """POST `rows` and expect 202. A client of an intake that has just been started again gets 503 "starting"
+    until the daemon has attached its push sources; with `starting_for` it retries, as a producer does, every
+    half second for up to that many seconds."""
     host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     if key:
         headers["Idempotency-Key"] = key
-    conn.request("POST", "/v1/entities/events/sources/api/records", json.dumps(rows).encode(), headers)
-    resp = conn.getresponse()
-    body = json.loads(resp.read())
-    conn.close()
-    assert resp.status == 202, body
-    return body
+    deadline = time.monotonic() + starting_for
+    while True:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/v1/entities/events/sources/api/records", json.dumps(rows).encode(), headers)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        if resp.status == 503 and "starting" in body.get("error", "") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            continue
+        assert resp.status == 202, body
+        return body
 
 
 def _ids(table: Path) -> list[int]:
@@ -203,7 +211,7 @@ def test_the_intake_process_is_restarted_when_it_dies_and_goes_with_the_daemon(p
     assert daemon.events("intake.exited") == 1
     assert _nice(_intake_pid(url)) == _nice(os.getpid())  # started again at the intake's priority
     _assert_own_session(_intake_pid(url), daemon.proc.pid)
-    _post(url, [{"id": 1000 + i, "v": "after"} for i in range(100)])
+    _post(url, [{"id": 1000 + i, "v": "after"} for i in range(100)], starting_for=60)  # its push sources again
     wait_for(lambda: len(_ids(table)) >= 200, 60, 0.3, "both requests' records")
     assert sorted(_ids(table)) == [*range(100), *range(1000, 1100)]
 
