@@ -42,6 +42,7 @@ class Compactor:
                  ("tombstones", sinks.tombstones))
         self._tables = {name: sink for name, sink in named if sink is not None}
         self._since: dict[str, int] = {}  # table -> the version its commits are counted from
+        self._skip = dict.fromkeys(self._tables, 0)  # table -> batches before its version is worth reading again
 
     def run(self, halted: Callable[[], bool]) -> int:
         """Compact the tables that are due, after a batch's commits and under the entity's lock (no other commit
@@ -52,19 +53,28 @@ class Compactor:
         for name, sink in self._tables.items() if self._every else ():
             if halted():
                 break
+            if self._skip[name]:
+                self._skip[name] -= 1
+                continue
             version = self._attempt(name, "compaction", partial(self._due, name, sink))
             if version is not None:
                 rewritten += self._compact(name, sink, version)
         return rewritten
 
     def _due(self, name: str, sink: TableSink) -> int | None:
-        """The table's version when it is due for compaction, else None."""
+        """The table's version when it is due for compaction, else None. Reading the version costs a listing of
+        the table's log (on S3 a LIST, a failed load for a table not made yet). A batch commits to a table once,
+        as a rule, so a table `n` commits short of due is not read again for `n - 1` batches; a batch that commits
+        twice (a new column, then its rows) only has the compaction come a batch late."""
         version = sink.version()
         if version is None:
+            self._skip[name] = self._every - 1  # its first `every` commits are `every` batches away
             return None
         if name not in self._since:
             self._since[name] = self._last(sink, version)
-        return version if version - self._since[name] >= self._every else None
+        short = self._every - (version - self._since[name])
+        self._skip[name] = max(short - 1, 0)
+        return version if short <= 0 else None
 
     def _compact(self, name: str, sink: TableSink, version: int) -> int:
         started = time.perf_counter()
@@ -81,6 +91,7 @@ class Compactor:
                            seconds=round(time.perf_counter() - started, 3))
         after = self._attempt(name, "compaction", sink.version)
         self._since[name] = after if after is not None else version
+        self._skip[name] = self._every - 1
         return removed
 
     def _attempt(self, name: str, step: str, run: Callable[[], T]) -> T | None:
