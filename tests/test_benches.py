@@ -222,6 +222,15 @@ def check_delta_state(r: dict[str, Any]) -> None:
              "ratio_read_compacted_vs_lakefeed")
 
 
+def check_keyed_small(r: dict[str, Any]) -> None:
+    completed(r)
+    assert r["checks"]["ok"], r["checks"]["problems"]
+    assert r["ways"]["fused"]["jobs_per_batch"] == 1 and r["ways"]["two_jobs"]["jobs_per_batch"] == 2
+    for way in r["ways"].values():
+        positive(way, "median_s", "p90_s", "mean_s")
+    positive(r, "ratio_median_fused_vs_two_jobs", "ratio_mean_fused_vs_two_jobs")
+
+
 def check_s3_notify(r: dict[str, Any]) -> None:
     """The smoke runs notification mode and the Spark peer; the listing mode is the same daemon with another source
     config (its listings are tested in test_s3_daemon.py, and measured by s3_listing's smoke)."""
@@ -243,6 +252,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "delta_state": check_delta_state,
     "ingest_files": check_ingest_files,
     "kafka_ingest": check_kafka_ingest,
+    "keyed_small": check_keyed_small,
     "lifecycle": check_lifecycle,
     "manifest_check": check_manifest_check,
     "memory": check_memory,

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lakefeed.batch.cdc import MergePlan, unwrap_debezium
 from lakefeed.config import model as config
+from lakefeed.connectors.sinks.delta_log import commit_metadata
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.inbox.files import FileEvent
 from lakefeed.pipeline.verify import verify
@@ -222,6 +223,59 @@ def test_replayed_keyed_batch_changes_nothing_and_crash_before_changelog_is_comp
     version = DeltaTable(str(lake.cfg.table)).version()
     assert fresh.process(records, 1).skipped
     assert DeltaTable(str(lake.cfg.table)).version() == version
+
+
+class _Jobs:
+    """The pipeline's own spread (threads of this process), with the Spark jobs a batch would start recorded."""
+
+    def __init__(self, spread) -> None:
+        self.spread, self.width, self.started = spread, spread.width, []
+
+    def map(self, work, jobs, description):
+        self.started.append(description.rsplit(": ", 1)[1])
+        return self.spread.map(work, jobs, description)
+
+
+@pytest.mark.parametrize("strategy", ["upsert", "upsert_and_delete", "ledger"])
+def test_a_keyed_batch_of_one_task_is_reduced_by_it_in_one_job(tmp_path, strategy):
+    """A keyed batch that is one stage task (one landed file, a few push frames) is reduced by that task too: one
+    Spark job, not two. State, changelog and quarantine (a late row, a superseded change) are the reference
+    model's, as the batches of several files, which still take two jobs, are."""
+    model = Model(strategy, sequence=("seq",), update_of_absent="insert", event_time="et", lateness=timedelta(0),
+                  late_policy="quarantine")
+    lake = Lake(tmp_path, {"strategy": strategy, "primary_key": ["k"], "sequence_by": ["seq"]},
+                {"source": "column", "column": "et", "allowed_lateness_s": 0, "late_policy": "quarantine"})
+    jobs = lake.pipeline.spread = _Jobs(lake.pipeline.spread)
+    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0 + timedelta(minutes=5)}
+    batches = [
+        ([[row, {**row, "k": 2, "seq": 2}], [{**row, "k": 3}]], ["read", "reduce"]),  # two files: a task each
+        ([[{**row, "v": "b", "seq": 1}, {**row, "v": "c", "seq": 2, "IsDelete": True},
+           {**row, "k": 2, "v": "x", "seq": 1},  # older than key 2's change: superseded
+           {**row, "k": 4, "v": "late", "et": T0}]], ["read and reduce"]),  # behind the watermark (minute 5)
+        ([[{**row, "k": 3, "v": "d", "seq": 3}], [{**row, "k": 5, "v": "e"}]], ["read", "reduce"]),
+        ([[{**row, "k": 6, "v": "f", "et": T0 + timedelta(minutes=9)}]], ["read and reduce"]),
+    ]
+    for files, started in batches:
+        jobs.started.clear()
+        model.apply_batch(files)
+        lake.batch(files)
+        assert jobs.started == started
+        assert lake.state() == model.state
+    assert lake.changelog() == model.changelog and lake.quarantined() == model.quarantined > 0
+    reducers = [json.loads(c["lakefeed.reducers"]) for c in map(commit_metadata, DeltaTable(str(lake.cfg.table))
+                                                                 .history()) if "lakefeed.reducers" in c]
+    assert len(reducers) == len(batches) and all(reducers)  # each batch records where it was reduced
+    assert verify(lake.cfg) == []
+
+
+def test_a_snapshot_batch_of_one_file_is_still_reduced_by_the_driver_s_plan(tmp_path):
+    lake = Lake(tmp_path, {"strategy": "snapshot", "primary_key": ["k"]})
+    jobs = lake.pipeline.spread = _Jobs(lake.pipeline.spread)
+    row = {"k": 1, "v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}
+    lake.batch([[row, {**row, "k": 2}]])
+    lake.batch([[{**row, "v": "b"}]])  # the whole state: key 2 is gone
+    assert jobs.started == ["read", "reduce", "read", "reduce"]
+    assert {k: r["v"] for k, r in lake.state().items()} == {1: "b"}
 
 
 def test_dataverse_style_upsert_and_delete_partitions_out_of_order(tmp_path):

@@ -1,10 +1,6 @@
-"""One micro-batch of an entity: discover → read → commit → manifests.
-
-Called from the streaming query's foreachBatch with the inbox records of the batch. Files
-are matched to partitions, read side by side, given their partition arguments, provenance
-and (for keyed entities) change kind, then handed to the commit protocol (daemon/pipeline/commit.py)
-with app_id = lakefeed + entity + Spark query id and the batch id; the manifest keeper
-then brings the manifest up to date from what was committed.
+"""One micro-batch of an entity, from a streaming query's foreachBatch (files, push frames, Kafka parts): discover,
+tasks (read and stage, then write or reduce: daemon/pipeline/tasks.py, keyed.py), commit (commit.py), compaction,
+manifests. An entity's streams take turns.
 """
 
 from __future__ import annotations
@@ -169,7 +165,7 @@ class EntityPipeline:
             else:
                 snapshot = snapshots.whole(f"push/{stream}/{entries[-1].offset}") \
                     if self.cfg.cdc.strategy == "snapshot" else None
-                self._commit_keyed(committer, staged, result, checked_at, log_, snapshot)
+                self._commit_keyed(committer, staged, result, checked_at, log_, snapshot, fused=whole)
         self._after(result)
         return result
 
@@ -254,7 +250,7 @@ class EntityPipeline:
                     read = {s.offset: partition_of[s.offset] for s in found}
                     recorded = self.sinks.table.latest_metadata(SNAPSHOT_KEY, "", 0)
                     snapshot, retracted = snapshots.of_batch(self.cfg.cdc, recorded, records, removed, read, log_)
-                self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted)
+                self._commit_keyed(committer, found, result, checked_at, log_, snapshot, retracted, fused=whole)
         self._after(result, records[-1].offset + 1)
         return result
 
@@ -285,17 +281,20 @@ class EntityPipeline:
 
     def _commit_keyed(self, committer: Committer, staged: list[tasks.Staged], result: BatchResult,
                       checked_at: datetime, log_, snapshot: cdc.Snapshot | None, retracted: Sequence[str] = (),
-                      numbered: bool = False) -> None:
-        """The keyed reduction runs as tasks, one per bucket of keys (daemon/pipeline/keyed.py), and the MERGE where
-        the writer runs it (delta-rs: here) on the reduced rows; `retracted`: files whose rows, read before the files
-        went, are not the state either; `numbered`: a Kafka batch's parts, each numbered from 0."""
+                      numbered: bool = False, fused: keyed.Fused | None = None) -> None:
+        """The keyed reduction runs as tasks, one per bucket of keys (daemon/pipeline/keyed.py; `fused`: the stage
+        task's), and the MERGE where the writer runs it (delta-rs: here) on the reduced rows; `retracted`: files
+        whose rows, read before the files went, are not the state either; `numbered`: a Kafka batch's parts."""
         batch_id = result.batch_id
 
         def commit() -> None:
             watermark = committer.watermark_before(batch_id)
-            done, reducers = keyed.reduce_staged(self.spread, self.cfg, staged, batch_id,
-                                                 committer.staging.url(batch_id), watermark, snapshot,
-                                                 tuple(retracted), numbered)
+            if fused is not None and fused.watermark == watermark:
+                done, reducers = keyed.fused_reduction(self.cfg, fused)
+            else:
+                done, reducers = keyed.reduce_staged(self.spread, self.cfg, staged, batch_id,
+                                                     committer.staging.url(batch_id), watermark, snapshot,
+                                                     tuple(retracted), numbered)
             result.workers = sorted({*(s.worker for s in staged if s.worker), *reducers})
             result.reducers = sorted(set(reducers))
             committer.commit_reduced(done, [b for s in staged for b in s.bad], result, checked_at, log_, snapshot,
@@ -328,13 +327,14 @@ class EntityPipeline:
         return self._read(committer, tasks.stage, jobs(matched, target), batch_id)
 
     def _read(self, committer: Committer, stage: Callable[[Any], list[tasks.Staged]], jobs: list[Any],
-              batch_id: int, stream: str = "", whole: bool = True) -> tuple[list[tasks.Staged], tasks.Whole | None]:
-        """Tasks read and stage the batch's rows; an append batch that is one task is written by it as well."""
+              batch_id: int, stream: str = "", whole: bool = True) -> tuple[list[tasks.Staged], Any]:
+        """Tasks read and stage the batch's rows; a batch that is one task is written (append) or reduced (keyed,
+        `keyed.in_one_task`) by it as well: a `tasks.Whole` or a `keyed.Fused` beside the staged parts."""
         self._go_on()
         description = f"lakefeed {self.cfg.name} {stream + ' ' if stream else ''}batch {batch_id}"
-        if whole and len(jobs) == 1 and not self.cfg.cdc.keyed:
-            job = tasks.WholeJob(stage, jobs[0], committer.plan_whole(batch_id))
-            done = self.spread.map(tasks.whole, [job], f"{description}: read and write")[0]
+        if whole and len(jobs) == 1 and (one := keyed.in_one_task(self.cfg, stage, jobs[0], committer, batch_id)):
+            work, job, what = one
+            done = self.spread.map(work, [job], f"{description}: read and {what}")[0]
             return list(done.staged), done
         staged = self.spread.map(stage, jobs, f"{description}: read")
         return [s for run in staged for s in run], None
