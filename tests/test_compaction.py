@@ -1,6 +1,7 @@
 """Compaction and vacuum of an entity's tables between batches (daemon/pipeline/compaction.py): the files stay few,
-every row stays, the changelog's slices are never touched, the manifests list the compacted files, the vacuum
-deletes only what the table stopped using, and a crash or a failure of the compaction loses nothing."""
+every row stays, the changelog is compacted only once the ODF chain holds all of it (its slices stay in the dataset,
+and a chain rebuilt from the compacted files is whole), the manifests list the compacted files, the vacuum deletes
+only what the table stopped using, and a crash or a failure of the compaction loses nothing."""
 
 from __future__ import annotations
 
@@ -48,17 +49,25 @@ def test_an_append_table_is_compacted_every_few_commits_and_keeps_every_row(tmp_
             assert "compaction" in result.stages
     assert _ids(cfg.table) == sorted(n * 100 + i for n in range(10) for i in range(3))
     # Commits 0-3 (the table's creation is version 0), then 5-8: two compactions, each right after its fourth.
-    assert _compactions(cfg.table) == [4, 9]
-    assert _files(cfg.changelog) == 10  # one slice a batch, as the ODF chain has them
-    compacted = [e for e in logs if e["event"] == "table.compacted"]
+    assert _compactions(cfg.table) == _compactions(cfg.changelog) == [4, 9]  # the changelog after the ODF chain
+    compacted = [(e["table"], e["files_removed"], e["files_added"]) for e in logs if e["event"] == "table.compacted"]
     # The second takes the first's file along: it is smaller than the target too.
-    assert [(e["table"], e["files_removed"], e["files_added"]) for e in compacted] == [("table", 4, 1), ("table", 5, 1)]
+    assert compacted == [("table", 4, 1), ("changelog", 4, 1), ("table", 5, 1), ("changelog", 5, 1)]
     assert verify(cfg) == []  # the changelog replays to the table; the MSC and Kartothek manifests list its files
     assert len(_stored(cfg.table)) == 10 + 2  # the replaced files stay for a week (vacuum_retain_hours: 168)
+    assert _slices(cfg) == [(n * 3, n * 3 + 2) for n in range(10)]  # one a batch, as committed
+    assert _files(cfg.changelog) == 3 and len(list((cfg.odf / "data").iterdir())) == 10
 
 
 def _stored(uri) -> list:
     return [p for p in uri.rglob("*.parquet") if not any(part.startswith(("_", ".")) for part in p.parts[-2:])]
+
+
+def _slices(cfg) -> list[tuple[int, int]]:
+    """The offsets of each data slice the entity's ODF chain holds."""
+    from tests.test_odf_chain import _chain
+
+    return [(b.event.new_data.start, b.event.new_data.end) for _, b in _chain(cfg) if b.event_kind == "AddData"]
 
 
 def test_the_vacuum_deletes_the_files_a_compaction_replaced_once_they_are_old_enough(tmp_path):
@@ -68,10 +77,12 @@ def test_the_vacuum_deletes_the_files_a_compaction_replaced_once_they_are_old_en
             pipeline.process(_land(cfg, inbox, n), n)
     assert _compactions(cfg.table) == [3, 9]  # each vacuum that deletes files is two commits (its start and end)
     assert len(_stored(cfg.table)) == _files(cfg.table) == 2  # the compacted file and the newest batch's
-    assert [e["files_removed"] for e in logs if e["event"] == "table.compacted"] == [3, 4]
+    assert [e["files_removed"] for e in logs if e["event"] == "table.compacted" and e["table"] == "table"] == [3, 4]
     assert _ids(cfg.table) == sorted(n * 100 + i for n in range(7) for i in range(3))
-    assert _files(cfg.changelog) == len(_stored(cfg.changelog)) == 7  # never compacted, so nothing to delete
-    assert verify(cfg) == []  # the MSC manifest in the table's folder (.msc_manifests) is still there, and right
+    assert _compactions(cfg.changelog) == [3, 9] and len(_stored(cfg.changelog)) == _files(cfg.changelog) == 2
+    assert len(list((cfg.odf / "data").iterdir())) == 7  # the slices: links of their own to the deleted files
+    assert verify(cfg) == []  # the MSC manifest in the table's folder (.msc_manifests) is still there, and right;
+    # the chain's slices hash as recorded and are the changelog's rows
     with pytest.raises(FileNotFoundError):  # time travel before the vacuum: its files are gone
         DeltaTable(str(cfg.table), version=1).to_pyarrow_table()
 
@@ -123,6 +134,60 @@ def test_a_table_s_version_is_read_only_when_it_may_be_due(tmp_path, monkeypatch
     assert not cfg.quarantine.exists() and len(reads) == 3  # at batches 0, 5 and 10
     # The table: four commits short at batch 0, so next read at batch 4 (due: versions 0-4), then at 9 (6-10).
     assert _compactions(cfg.table) == [5, 11]
+
+
+def test_the_changelog_waits_for_the_odf_chain_to_hold_all_of_it(tmp_path, monkeypatch):
+    """A chain behind the changelog (its refresh deferred, or stopped at a slice it cannot take) still needs the
+    changelog's files as committed: the changelog is not compacted until the chain has caught up."""
+    cfg, pipeline, inbox = _lake(tmp_path, every=2, retain_hours=0)
+    chain = pipeline.manifests[-1]
+    monkeypatch.setattr(chain, "refresh", lambda: 0)
+    for n in range(4):
+        pipeline.process(_land(cfg, inbox, n), n)
+    assert _compactions(cfg.changelog) == [] and _compactions(cfg.table) == [2, 7]  # (a vacuum: two commits)
+    monkeypatch.undo()
+    pipeline.process(_land(cfg, inbox, 4), 4)  # the chain takes the five batches, then the changelog is compacted
+    assert _slices(cfg) == [(n * 3, n * 3 + 2) for n in range(5)] and _compactions(cfg.changelog) == [5]
+    assert len(_stored(cfg.changelog)) == 1 and verify(cfg) == []
+
+
+def test_a_chain_rebuilt_after_the_changelog_was_compacted_and_vacuumed_takes_the_files_it_holds_now(tmp_path):
+    """Removing the odf folder and its state file rebuilds the chain from the changelog (docs/odf.md). The first
+    batches' files were compacted into one and deleted: the chain takes the changelog's files as they are, the
+    compacted one as a slice of three batches, and is whole: `verify` hashes every slice and compares it with the
+    changelog."""
+    import shutil
+
+    from lakefeed.odf.chain import OdfChain
+
+    cfg, pipeline, inbox = _lake(tmp_path, every=3, retain_hours=0)
+    for n in range(4):
+        pipeline.process(_land(cfg, inbox, n), n)
+    assert _files(cfg.changelog) == 2 and len(_stored(cfg.changelog)) == 2  # batches 0-2 compacted, then batch 3
+    shutil.rmtree(cfg.odf)
+    (cfg.state / "odf-head.json").unlink()
+    OdfChain(cfg, pipeline.storage).refresh()
+    assert _slices(cfg) == [(0, 8), (9, 11)]
+    assert verify(cfg) == []
+    _pipeline(cfg).process(_land(cfg, inbox, 4), 4)  # the daemon restarted: the chain goes on, a slice a batch
+    assert _slices(cfg) == [(0, 8), (9, 11), (12, 14)] and verify(cfg) == []
+
+
+def test_a_slice_is_cut_out_of_a_compacted_file_that_straddles_the_chain_s_last_offset(tmp_path, monkeypatch):
+    """A compacted file holding offsets the chain holds and others it does not (compacted while the chain was
+    behind, which only a hand-run compaction does): the chain cuts the rows past its last offset out of it."""
+    cfg, pipeline, inbox = _lake(tmp_path, every=0)
+    for n in range(2):
+        pipeline.process(_land(cfg, inbox, n), n)
+    chain = pipeline.manifests[-1]
+    monkeypatch.setattr(chain, "refresh", lambda: 0)
+    for n in range(2, 5):
+        pipeline.process(_land(cfg, inbox, n), n)
+    monkeypatch.undo()
+    assert pipeline.sinks.changelog.compact(128 << 20) == (5, 1)  # offsets 0-14 in one file: the chain has 0-5
+    pipeline.sinks.changelog.vacuum(0)
+    assert chain.refresh() == 1
+    assert _slices(cfg) == [(0, 2), (3, 5), (6, 14)] and chain.check() == []  # each slice hashed, and the rows
 
 
 def test_a_crash_right_after_a_compaction_loses_nothing_and_the_replay_brings_the_manifests_current(

@@ -316,3 +316,22 @@ class Siblings:
         if self._discoveries is None:
             self._discoveries = [Discovery.from_entity(e) for e in self._entities]
         return any(d.match(relative) is not None for d in self._discoveries)
+
+
+def discover(discovery: Discovery, siblings: Siblings, relative: str, path: str, log_: Any) -> Partition | None:
+    """A landed file's partition (None: not the entity's), logged as found, left to a sibling entity, or unmatched
+    with the reason."""
+    partition = discovery.match(relative)
+    if partition is None and siblings.take(relative):
+        log_.debug("file.sibling", file=path, relative=relative)  # another entity of the folder's
+    elif partition is None and relative in discovery.timed_out:
+        log_.warning("file.unmatched", file=path, relative=relative,
+                     reason=f"pattern {discovery.timed_out[relative]!r} took longer than the time limit "
+                            f"({MATCH_TIME_LIMIT_S:g} s) to match it; simplify the pattern, then land it again")
+    elif partition is None:
+        log_.warning("file.unmatched", file=path, relative=relative,
+                     reason="no partition pattern or explicit partition of the entity matches it")
+    else:
+        log_.info("file.discovered", file=path, location=partition.location,
+                  arguments=partition.arguments, incremental=partition.incremental_type)
+    return partition

@@ -9,11 +9,11 @@ from lakefeed.config.base import Frozen
 
 class Compaction(Frozen):
     """Each batch adds a file or a few to a table; compacting rewrites the small ones into files of about
-    `target_file_mb`, in a commit that changes no row. The changelog is not compacted: the ODF chain counts on a
-    file a batch there (daemon/pipeline/compaction.py)."""
+    `target_file_mb`, in a commit that changes no row. The changelog is compacted once the ODF chain holds all of
+    it: its files are the chain's data slices (daemon/pipeline/compaction.py)."""
 
-    every: int = Field(default=50, ge=0, description="Compact a table (the current state, quarantine, history, "
-                                                     "tombstones) after this many commits to it; 0: never.")
+    every: int = Field(default=50, ge=0, description="Compact a table (the current state, changelog, quarantine, "
+                                                     "history, tombstones) after this many commits to it; 0: never.")
     target_file_mb: int = Field(default=128, ge=1, le=4096, description="The size compacted files are aimed at.")
     vacuum_retain_hours: int | None = Field(
         default=168, ge=0, description="With each compaction, the files a table stopped using (compacted, or "

@@ -4,14 +4,16 @@ After every commit (`refresh`), each changelog commit the chain does not hold ye
 its rows are the data slice (offsets `first..last`, contiguous with the previous slice), stored as
 `data/<physical hash>`: the changelog's own Parquet file, hard-linked or copied server-side (a commit the writer
 split into files of consecutive offsets is a slice, and a block, per file; other multi-file commits are joined
-into one), with the slice's logical hash, the watermark and the source position the batch committed (commit
-metadata `lakefeed.watermark`, `lakefeed.source_state`). Blocks before the first slice: `Seed` (a `did:odf:` id
-from an ed25519 key made once per entity and kept in its state folder), the sources (odf/sources.py), and
-`SetDataSchema` before the first slice and whenever the changelog's schema changes.
+into one: daemon/odf/commits.py), with the slice's logical hash, the watermark and the source position the batch
+committed (commit metadata `lakefeed.watermark`, `lakefeed.source_state`). Blocks before the first slice: `Seed`
+(a `did:odf:` id from an ed25519 key made once per entity and kept in its state folder), the sources
+(odf/sources.py), and `SetDataSchema` before the first slice and whenever the changelog's schema changes.
 
 Idempotent by construction: a slice is identified by its offsets, and a block's content (system time included:
 the slice's own `system_time`) depends only on the commit, so a crash between the Delta commit and the block
-write is repaired by the next refresh, and a replayed batch (which commits nothing new) adds no block."""
+write is repaired by the next refresh, and a replayed batch (which commits nothing new) adds no block. Where the
+commits cannot say which file each added (their log cleaned up, or their files compacted and vacuumed: a chain
+rebuilt), the slices come from the changelog's files as they are (`_whole`)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from lakefeed.odf.blocks import (
     block_hash,
     encode,
 )
+from lakefeed.odf.commits import Commit, pieces, read_commit, runs
 from lakefeed.odf.decode import decode
 from lakefeed.odf.logical_hash import logical_multihash
 from lakefeed.odf.schema import data_schema
@@ -76,21 +79,6 @@ class ChainState:
     schema_block: bytes | None = None
     source_blocks: list[bytes] = field(default_factory=list)
     version: int = -1  # the changelog version the chain reaches (-1: find it from last_offset)
-
-
-@dataclass(frozen=True)
-class Commit:
-    version: int
-    files: tuple[tuple[int, int, int, str], ...]  # (first offset, last offset, rows, path) in offset order
-    meta: dict[str, Any]
-
-    @property
-    def first(self) -> int:
-        return self.files[0][0]
-
-    @property
-    def last(self) -> int:
-        return self.files[-1][1]
 
 
 class OdfChain:
@@ -135,8 +123,15 @@ class OdfChain:
                     if not any(self._holds(h, event) for h in state.source_blocks):
                         self._append(state, event, clock.now())
                 self._sources_checked = True
-            for commit in self._new_commits(state):
-                if not all(self._add_slice(state, piece) for piece in _pieces(commit)):
+            commits = self._new_commits(state)
+            for commit in commits:
+                try:
+                    if not all(self._add_slice(state, piece) for piece in pieces(commit)):
+                        break
+                except FileNotFoundError:  # its file compacted away and vacuumed (a chain rebuilt): the files
+                    latest = delta_log.latest_version(self._changelog_fs, self._changelog_root, commit.version)
+                    if all(self._add_slice(state, piece) for piece in self._whole(state, latest)):  # as they are
+                        state.version = latest
                     break
                 state.version = commit.version
             self._state = state
@@ -145,6 +140,10 @@ class OdfChain:
                 _log.info("odf.appended", entity=self.cfg.name, blocks=state.sequence - before,
                           last_offset=state.last_offset, seconds=round(time.perf_counter() - started, 3))
             return state.sequence - before
+
+    def reached(self) -> int:
+        """The changelog version up to which the chain holds every slice (-1: not known in this process yet)."""
+        return self._state.version if self._state is not None else -1
 
     def check(self) -> list[str]:
         from lakefeed.odf.check import check_chain
@@ -239,9 +238,11 @@ class OdfChain:
             with self._changelog_fs.open_input_stream(path) as stream:
                 contents.append(stream.read())
         tables = [pq.read_table(pa.BufferReader(c)) for c in contents]
-        if len(tables) == 1:
+        if len(tables) == 1 and commit.start is None:
             return tables[0], contents[0], commit.files[0][3]
         table = pa.concat_tables(tables, promote_options="default").sort_by("offset")
+        if commit.start is not None:  # compacted files: the rows past the chain's last offset
+            table = table.filter(pc.greater_equal(table.column("offset"), commit.start))
         sink = io.BytesIO()
         pq.write_table(table, sink)
         return table, sink.getvalue(), None
@@ -257,7 +258,7 @@ class OdfChain:
         version = latest
         try:
             while version > state.version:
-                commit = _read_commit(fs, root, version)
+                commit = read_commit(fs, root, version)
                 if commit is not None:
                     if state.last_offset is not None and commit.last <= state.last_offset:
                         break
@@ -268,16 +269,22 @@ class OdfChain:
         return commits[::-1]
 
     def _whole(self, state: ChainState, latest: int) -> list[Commit]:
+        """The slices past the chain's last offset from the changelog's files at `latest`, when its commits cannot
+        say which files each added: a slice a file where each file is one run of offsets after the one before (a
+        batch's file as written); else one slice of them all, cut and joined (files compacted: runs of batches,
+        packed by size, one maybe straddling the chain's last offset)."""
         from deltalake import DeltaTable
 
         table = DeltaTable(str(self.cfg.changelog), version=latest,
                            storage_options=self._storage.delta_options(str(self.cfg.changelog)))
         adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        after = -1 if state.last_offset is None else state.last_offset
         files = sorted((a["min.offset"], a["max.offset"], a["num_records"],
                         posixpath.join(self._changelog_root, unquote(a["path"])))
-                       for a in adds if a.get("min.offset") is not None)
-        return [Commit(latest, (f,), {}) for f in files
-                if state.last_offset is None or f[1] > state.last_offset]
+                       for a in adds if a.get("min.offset") is not None and a["max.offset"] > after)
+        if runs(tuple(files), after):
+            return [Commit(latest, (f,), {}) for f in files]
+        return [Commit(latest, tuple(files), {}, after + 1)] if files else []
 
     # -- the chain's state ---------------------------------------------------------------------------------------
 
@@ -320,36 +327,6 @@ class OdfChain:
         tmp = self._sidecar.with_suffix(".tmp")
         tmp.write_text(json.dumps(_to_json(state)))
         tmp.replace(self._sidecar)
-
-
-def _read_commit(fs: Any, root: str, version: int) -> Commit | None:
-    """A changelog commit's new files with their offsets (from the add actions' statistics), None without any."""
-    with fs.open_input_stream(posixpath.join(root, delta_log.LOG, f"{version:020d}.json")) as stream:
-        actions = [json.loads(line) for line in stream.read().decode().splitlines() if line.strip()]
-    meta = delta_log.commit_metadata(next((a["commitInfo"] for a in actions if "commitInfo" in a), {}))
-    files = []
-    for add in (a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)):
-        stats = json.loads(add.get("stats") or "{}")
-        low, high = stats.get("minValues", {}).get("offset"), stats.get("maxValues", {}).get("offset")
-        if low is None or high is None:
-            continue  # no rows
-        rows = int(stats.get("numRecords", -1))
-        files.append((int(low), int(high), rows, posixpath.join(root, unquote(add["path"]))))
-    return Commit(version, tuple(sorted(files)), meta) if files else None
-
-
-def _pieces(commit: Commit) -> list[Commit]:
-    """The slices of a commit: each of its files when each holds a run of offsets that continues the one before
-    (a large batch the writer split), so that every slice is a file as written; else the commit as one slice.
-    The batch's source position goes on its last slice."""
-    files = commit.files
-    runs = all(rows == last - first + 1 for first, last, rows, _ in files) and \
-        all(b[0] == a[1] + 1 for a, b in zip(files, files[1:], strict=False))
-    if len(files) == 1 or not runs:
-        return [commit]
-    before = {k: v for k, v in commit.meta.items() if k != SOURCE_STATE_KEY}
-    return [Commit(commit.version, (f,), commit.meta if i == len(files) - 1 else before)
-            for i, f in enumerate(files)]
 
 
 def _source_state(text: str | None) -> SourceState | None:

@@ -9,10 +9,11 @@ watermark and the manifests' partitions never take it for a batch. It comes afte
 replay never finds it in the middle of one. Then the files the table stopped using `vacuum_retain_hours` ago
 (compacted, or rewritten by a MERGE) are deleted from storage, which would otherwise keep every version's.
 
-The changelog is left as it is. The ODF chain links each batch's changelog file as its commit added it (docs/odf.md),
-which a compaction would not disturb (the file stays on storage); but when the log no longer reaches back to the
-chain's last commit, the chain takes the changelog's current files as slices, one a batch, and compacted files hold
-many batches.
+The changelog's files are the ODF chain's data slices (docs/odf.md): the chain links each batch's file into the
+dataset as its commit added it. So the changelog is compacted only once the chain holds every slice of it
+(`run_changelog`, after the manifests' refresh): a file the compaction replaces is in the dataset already, and its
+vacuum cannot take a slice the chain has yet to link; and a compacted file never holds an offset past the chain's
+last, which the chain's rebuild from the files alone (daemon/odf/chain.py, `_whole`) would have to cut out of it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from lakefeed.pipeline.sinks import Sinks
 _log = log.get(__name__)
 T = TypeVar("T")
 OPTIMIZE = "OPTIMIZE"  # the operation of a compaction's commit, in delta-rs's and delta-spark's logs alike
+CHANGELOG = "changelog"
 
 
 class Compactor:
-    def __init__(self, cfg: EntityConfig, sinks: Sinks) -> None:
+    def __init__(self, cfg: EntityConfig, sinks: Sinks, chained: Callable[[], int]) -> None:
+        """`chained()`: the changelog version up to which the ODF chain holds every slice."""
         self._entity = cfg.name
         self._every = cfg.compaction.every
         self._target = cfg.compaction.target_file_mb << 20
@@ -41,25 +44,38 @@ class Compactor:
         named = (("table", sinks.table), ("quarantine", sinks.quarantine), ("history", sinks.history),
                  ("tombstones", sinks.tombstones))
         self._tables = {name: sink for name, sink in named if sink is not None}
+        self._changelog = sinks.changelog
+        self._chained = chained
         self._since: dict[str, int] = {}  # table -> the version its commits are counted from
-        self._skip = dict.fromkeys(self._tables, 0)  # table -> batches before its version is worth reading again
+        self._skip = dict.fromkeys([*self._tables, CHANGELOG], 0)  # table -> batches before its version is read
 
     def run(self, halted: Callable[[], bool]) -> int:
-        """Compact the tables that are due, after a batch's commits and under the entity's lock (no other commit
-        of the entity's comes in between); the number of files rewritten. Stops once `halted()` (a stop's time is
-        up): compaction can wait for the next start. Nothing here fails the batch, which is committed already: a
-        step that fails is logged and tried again `every` commits on."""
-        rewritten = 0
-        for name, sink in self._tables.items() if self._every else ():
-            if halted():
-                break
-            if self._skip[name]:
-                self._skip[name] -= 1
-                continue
-            version = self._attempt(name, "compaction", partial(self._due, name, sink))
-            if version is not None:
-                rewritten += self._compact(name, sink, version)
-        return rewritten
+        """Compact the tables that are due (not the changelog), after a batch's commits and under the entity's lock
+        (no other commit of the entity's comes in between); the number of files rewritten. Stops once `halted()` (a
+        stop's time is up): compaction can wait for the next start. Nothing here fails the batch, which is committed
+        already: a step that fails is logged and tried again `every` commits on."""
+        return sum(self._one(name, sink, halted) for name, sink in self._tables.items())
+
+    def run_changelog(self, halted: Callable[[], bool]) -> int:
+        """Compact the changelog if it is due and the ODF chain holds every slice of it (after the manifests'
+        refresh); the number of files rewritten. A chain behind the changelog (its refresh deferred, or stopped
+        at a slice it cannot take) leaves it as it is, to be read again next batch."""
+        return self._one(CHANGELOG, self._changelog, halted, self._chained)
+
+    def _one(self, name: str, sink: TableSink, halted: Callable[[], bool],
+             chained: Callable[[], int] | None = None) -> int:
+        if not self._every or halted():
+            return 0
+        if self._skip[name]:
+            self._skip[name] -= 1
+            return 0
+        version = self._attempt(name, "compaction", partial(self._due, name, sink))
+        if version is None:
+            return 0
+        if chained is not None and chained() < version:
+            _log.debug("table.compaction_waits", entity=self._entity, table=name, version=version, chain=chained())
+            return 0
+        return self._compact(name, sink, version)
 
     def _due(self, name: str, sink: TableSink) -> int | None:
         """The table's version when it is due for compaction, else None. Reading the version costs a listing of

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, positions
-from lakefeed.batch.discovery import MATCH_TIME_LIMIT_S, Discovery, Partition, Siblings
+from lakefeed.batch.discovery import Discovery, Partition, Siblings, discover
 from lakefeed.batch.provenance import file_schema
 from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
@@ -29,6 +29,7 @@ from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.odf.chain import OdfChain
 from lakefeed.pipeline import keyed, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
 from lakefeed.pipeline.compaction import Compactor
@@ -53,7 +54,8 @@ class EntityPipeline:
         self.keeper = ManifestKeeper(cfg, sinks.table, self.mirror.publish if self.mirror else lambda paths: None)
         self.manifests = manifests_of(cfg, self.keeper, self.storage)
         self._offsets = ChangelogOffsets(sinks.changelog)
-        self.compactor = Compactor(cfg, sinks)
+        chain = next(m for m in self.manifests if isinstance(m, OdfChain))
+        self.compactor = Compactor(cfg, sinks, chain.reached)
         self._committers: dict[str, Committer] = {}
         self._lock = threading.Lock()
         # Told the schema pushes are checked against after each commit (the intake process, daemon/intake/client.py).
@@ -268,7 +270,7 @@ class EntityPipeline:
         matched, removed, also = [], {}, {}
         for rec in records:
             self._go_on()
-            partition = self._discover(discovery, siblings, rec, log_)
+            partition = discover(discovery, siblings, self._relative(rec.path), rec.path, log_)
             if partition is None:
                 result.unmatched += 1
             elif rec.removed:
@@ -346,11 +348,15 @@ class EntityPipeline:
         return Path(os.path.relpath(path, self.root)).as_posix()
 
     def _after(self, result: BatchResult, end: int | None = None) -> None:
-        """After a batch's commits: its tables compacted when due (pipeline/compaction.py), then the manifests."""
+        """After a batch's commits: its tables compacted when due (pipeline/compaction.py), then the manifests; then
+        the changelog, when due and once the ODF chain holds all of it, and if so the manifests again."""
         with result.timed("compaction"):
             self.compactor.run(self.halted)
         with result.timed("manifests"):
             self._manifests(end)
+        with result.timed("compaction"):
+            if self.compactor.run_changelog(self.halted):
+                self._manifests()
 
     def _manifests(self, end: int | None = None) -> None:
         """After a batch (committed, or replayed and found committed): each manifest brought to committed state;
@@ -375,23 +381,6 @@ class EntityPipeline:
     def _go_on(self) -> None:
         if self.halted():
             raise Abandoned("the daemon is stopping, and the time it gives a running batch is up")
-
-    def _discover(self, discovery: Discovery, siblings: Siblings, rec: InboxRecord, log_) -> Partition | None:
-        relative = self._relative(rec.path)
-        partition = discovery.match(relative)
-        if partition is None and siblings.take(relative):
-            log_.debug("file.sibling", file=rec.path, relative=relative)  # another entity of the folder's
-        elif partition is None and relative in discovery.timed_out:
-            log_.warning("file.unmatched", file=rec.path, relative=relative,
-                         reason=f"pattern {discovery.timed_out[relative]!r} took longer than the time limit "
-                                f"({MATCH_TIME_LIMIT_S:g} s) to match it; simplify the pattern, then land it again")
-        elif partition is None:
-            log_.warning("file.unmatched", file=rec.path, relative=relative,
-                         reason="no partition pattern or explicit partition of the entity matches it")
-        else:
-            log_.info("file.discovered", file=rec.path, location=partition.location,
-                      arguments=partition.arguments, incremental=partition.incremental_type)
-        return partition
 
     def _declared_schema(self, entity: dict) -> pa.Schema | None:
         document = schema_document(self.root, entity)
