@@ -242,3 +242,67 @@ def test_a_keyed_entity_s_tables_are_compacted_and_still_replay(tmp_path):
     for table in (lake.cfg.table, lake.cfg.history, lake.cfg.quarantine):
         assert _compactions(table) and _files(table) <= 2, (table, _files(table))
     assert verify(lake.cfg) == []
+
+
+def test_compaction_on_demand_compacts_every_table_now_and_the_count_starts_again_from_it(tmp_path):
+    """`lakefeed compact` (daemon/ops/compactions.py) calls `compact_now`: every table, due or not, the changelog
+    too once the chain holds it; the next compaction comes `every` commits after this one."""
+    cfg, pipeline, inbox = _lake(tmp_path, every=4, retain_hours=0)
+    for n in range(3):  # three commits: not due
+        pipeline.process(_land(cfg, inbox, n), n)
+    report = pipeline.compact_now(lambda: False)
+    assert report["quarantine"] == {"skipped": "no table yet"}  # no bad row has made it
+    for name, uri in (("table", cfg.table), ("changelog", cfg.changelog)):
+        done = report[name]
+        assert (done["files_removed"], done["files_added"], done["vacuum_retain_hours"]) == (3, 1, 0), name
+        assert done["version"] == DeltaTable(str(uri)).version()
+        assert _files(uri) == len(_stored(uri)) == 1  # vacuumed at once (retain_hours 0)
+    assert _compactions(cfg.table) == [3] and _compactions(cfg.changelog) == [3]
+    assert _slices(cfg) == [(n * 3, n * 3 + 2) for n in range(3)] and verify(cfg) == []
+    for n in range(3, 7):  # commits 6-9 after the vacuum's two (4, 5): the fourth is due
+        pipeline.process(_land(cfg, inbox, n), n)
+    assert _compactions(cfg.table) == [3, 10]
+    assert _ids(cfg.table) == sorted(n * 100 + i for n in range(7) for i in range(3)) and verify(cfg) == []
+
+
+def test_compaction_on_demand_leaves_the_changelog_to_a_chain_that_cannot_hold_it(tmp_path, monkeypatch):
+    cfg, pipeline, inbox = _lake(tmp_path, every=0)
+    monkeypatch.setattr(pipeline.manifests[-1], "refresh", lambda: 0)  # a chain stopped at a slice it cannot take
+    for n in range(2):
+        pipeline.process(_land(cfg, inbox, n), n)
+    report = pipeline.compact_now(lambda: False)
+    assert report["changelog"] == {"skipped": "the ODF chain holds the changelog up to version -1 of 1; ask again "
+                                              "once it has caught up"}
+    assert report["table"]["files_removed"] == 2 and _files(cfg.changelog) == 2
+    monkeypatch.undo()
+    assert pipeline.compact_now(lambda: False)["changelog"]["files_removed"] == 2  # the chain took both slices first
+    assert _slices(cfg) == [(0, 2), (3, 5)] and verify(cfg) == []
+
+
+def test_compaction_on_demand_reports_a_table_that_fails_and_compacts_the_others(tmp_path, monkeypatch):
+    cfg, pipeline, inbox = _lake(tmp_path, every=0)
+    for n in range(2):
+        pipeline.process(_land(cfg, inbox, n), n)
+
+    def full(_target: int) -> tuple[int, int]:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pipeline.sinks.table, "compact", full)
+    with capture_logs() as logs:
+        report = pipeline.compact_now(lambda: False)
+    assert report["table"] == {"error": "OSError: [Errno 28] No space left on device"}
+    assert report["changelog"]["files_removed"] == 2 and _files(cfg.table) == 2
+    assert [e["table"] for e in logs if e["event"] == "table.compaction_failed"] == ["table"]
+    pipeline.process(_land(cfg, inbox, 2), 2)  # the batches go on
+    assert _ids(cfg.table) == sorted(n * 100 + i for n in range(3) for i in range(3)) and verify(cfg) == []
+
+
+def test_compaction_on_demand_ends_between_two_tables_once_halted(tmp_path):
+    cfg, pipeline, inbox = _lake(tmp_path, every=0)
+    for n in range(2):
+        pipeline.process(_land(cfg, inbox, n), n)
+    asked = []
+    report = pipeline.compact_now(lambda: asked.append(1) or len(asked) > 1)  # a stop once the first table is done
+    assert report["table"]["files_removed"] == 2
+    assert report["changelog"] == {"error": "not compacted: the daemon (or the entity) is stopping"}
+    assert _files(cfg.changelog) == 2 and not pipeline.compactor.asked

@@ -411,6 +411,72 @@ def test_a_stop_whose_main_loop_hangs_exits_by_itself_with_the_stacks(tmp_path, 
     assert any("in _serve" in stack and "in reached" in stack for stack in stacks[0]["threads"].values())
 
 
+def test_compaction_on_demand_needs_the_daemon_s_token_and_the_daemon_goes_on(tmp_path, daemons):
+    """`lakefeed compact` has the running daemon compact an entity's tables now (`every: 0`: never by itself). Its
+    request carries the token the daemon wrote to state_dir/admin.token, which only the daemon's user reads."""
+    other = entity_yaml("other", source={"type": "local_dir", "path": "other"},
+                        manifest="other/default.manifest.cdm.json")  # fails at start: its manifest is broken
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "default.manifest.cdm.json").write_text('{"entities": [ oops')
+    config = write_config(tmp_path, [entity_yaml(compaction={"every": 0, "vacuum_retain_hours": 0}), other])
+    daemon = Daemon(config, tmp_path / "daemon.log")
+    daemons.append(daemon)
+    daemon.start()
+    published = tmp_path / "state" / "admin.token"
+    assert published.stat().st_mode & 0o777 == 0o600
+    token = published.read_text()
+    client = Client(tmp_path / "state")
+    table = tmp_path / "lake" / "sales" / "table"
+    for n in range(3):  # a batch each: three files in the table
+        land(tmp_path / "landing" / "sales" / f"f{n}.csv", f"id\n{n * 10}\n{n * 10 + 1}\n")
+        wait_for(lambda n=n: len(_ids(table)) == 2 * (n + 1), 60, 0.2, f"file {n} committed")
+    assert len(DeltaTable(str(table)).file_uris()) == 3
+
+    def post(body: bytes, auth: str | None) -> tuple[int, dict]:
+        status, data, _ = client.request("POST", "/compact", body, {"Authorization": auth} if auth else {})
+        return status, json.loads(data)
+
+    assert post(b"", None)[0] == 401 and post(b"", "Bearer not-the-token")[0] == 401
+    assert post(b"", f"Bearer {token}x")[0] == 401
+    status, said = post(b'{"entities": "sales"', f"Bearer {token}")
+    assert status == 400 and "the body is" in said["error"]
+    status, said = post(b'{"entities": ["nope"]}', f"Bearer {token}")
+    assert status == 404 and said["error"] == "no entity 'nope'; the daemon runs other, sales"
+    status, said = post(b'{"entities": ["other"]}', f"Bearer {token}")
+    assert status == 409 and said["error"].startswith("entity 'other' is not running (starting, stopping or failed")
+    assert client.get_json("/compact") == (200, {"entities": {}})  # none of those started a run
+    assert len(DeltaTable(str(table)).file_uris()) == 3
+
+    # Every entity: the failed one is left out, and said so (exit status 1); the other is compacted.
+    cli = subprocess.run([sys.executable, "-m", "lakefeed", "compact", "--config", str(config)],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1 and "not running, so not compacted: other" in cli.stderr, cli.stderr
+    lines = cli.stdout.splitlines()
+    assert lines[0].startswith("sales: done (run 1, finished 20")
+    assert re.match(r"  table +3 files -> 1, version \d+, ", lines[1]), lines
+    assert any(re.match(r"  changelog +3 files -> 1, ", line) for line in lines), lines
+    assert len(DeltaTable(str(table)).file_uris()) == 1
+    runs = client.get_json("/compact")[1]["entities"]
+    assert runs["sales"]["state"] == "done" and runs["sales"]["tables"]["table"]["files_removed"] == 3
+    assert "other" not in runs
+    named = subprocess.run([sys.executable, "-m", "lakefeed", "compact", "--config", str(config), "--entity",
+                            "sales"], capture_output=True, text=True, timeout=300)
+    assert named.returncode == 0 and named.stdout.startswith("sales: done (run 2, "), named.stderr
+    assert re.search(r"  table +0 files -> 0, ", named.stdout), named.stdout  # nothing left to compact
+    unknown = subprocess.run([sys.executable, "-m", "lakefeed", "compact", "--config", str(config), "--entity",
+                              "nope"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "no entity 'nope'" in unknown.stderr
+
+    land(tmp_path / "landing" / "sales" / "f3.csv", "id\n30\n31\n")  # the daemon goes on taking files
+    wait_for(lambda: len(_ids(table)) == 8, 60, 0.2, "the file after the compaction")
+    assert sorted(_ids(table)) == [0, 1, 10, 11, 20, 21, 30, 31]
+    verified = subprocess.run([sys.executable, "-m", "lakefeed", "verify", "--config", str(config), "--entity",
+                               "sales"], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0 and verified.stdout.strip() == "sales: ok", verified.stdout
+    daemon.stop()
+    assert not published.exists()
+
+
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -13,7 +13,8 @@ class Compaction(Frozen):
     it: its files are the chain's data slices (daemon/pipeline/compaction.py)."""
 
     every: int = Field(default=50, ge=0, description="Compact a table (the current state, changelog, quarantine, "
-                                                     "history, tombstones) after this many commits to it; 0: never.")
+                                                     "history, tombstones) after this many commits to it; 0: only when "
+                                                     "asked (`lakefeed compact`).")
     target_file_mb: int = Field(default=128, ge=1, le=4096, description="The size compacted files are aimed at.")
     vacuum_retain_hours: int | None = Field(
         default=168, ge=0, description="With each compaction, the files a table stopped using (compacted, or "

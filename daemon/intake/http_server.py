@@ -4,7 +4,7 @@ The intake process serves the daemon's port with it (push API, and the rest pass
 the daemon process serves health, metrics, status and webhooks with it on a unix socket. Starting
 fails with one clear line when the address cannot be bound (port in use, bad TLS files).
 `publish` writes the bound address to `state_dir/http.json`, so the CLI can find a daemon
-started with `port: 0`.
+started with `port: 0`, and the token of the operator's requests to `state_dir/admin.token`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from lakefeed.config.model import HttpConfig
 from lakefeed.errors import TerminalError
 
 _log = log.get(__name__)
+ADMIN_TOKEN_FILE = "admin.token"  # noqa: S105 - a file name in the state folder, not a secret
 
 
 class HttpServer:
@@ -84,13 +85,38 @@ class HttpServer:
         _log.info("http.stopped", url=self.url)
 
 
-def publish(state_dir: Path, url: str | None) -> None:
-    """Write (or with None remove) `state_dir/http.json`: where the daemon with this pid answers."""
-    path = state_dir / "http.json"
+def publish(state_dir: Path, url: str | None, admin_token: str = "") -> None:
+    """Write (or with None remove) `state_dir/http.json`, where the daemon with this pid answers, and
+    `state_dir/admin.token`, the token its operator's requests (POST /compact) carry: only the daemon's user reads
+    that one (0600), while the group that may read the lake may ask for the status."""
+    path, token = state_dir / "http.json", state_dir / ADMIN_TOKEN_FILE
     if url is None:
         path.unlink(missing_ok=True)
+        token.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = token.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
+        out.write(admin_token)
+    os.replace(tmp, token)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def published(state_dir: Path, token: bool = False) -> dict[str, str] | str:
+    """What a running daemon published: its `url` (and with `token`, its `admin_token`), or why it cannot be read."""
+    path = state_dir / "http.json"
+    try:
+        found = {"url": str(json.loads(path.read_text(encoding="utf-8"))["url"])}
+        if token:
+            path = state_dir / ADMIN_TOKEN_FILE
+            found["admin_token"] = path.read_text(encoding="utf-8").strip()
+        return found
+    except FileNotFoundError:
+        return f"no running daemon found ({path} is missing); start it"
+    except PermissionError:
+        return f"cannot read {path}: run this as the daemon's user"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"cannot read {path} ({exc}); is the daemon running?"

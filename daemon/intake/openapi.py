@@ -35,7 +35,8 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "lakefeed", "version": "1", "description":
-                 "Push records into a lakefeed entity, S3 event notifications, health of the daemon. "
+                 "Push records into a lakefeed entity, S3 event notifications, health of the daemon, "
+                 "compaction on demand. "
                  "See docs/push-api.md and docs/s3.md."},
         "paths": {
             "/v1/entities/{entity}/sources/{source}/records": {"post": {
@@ -94,6 +95,27 @@ def document() -> dict[str, Any]:
                 "200": {"description": "alive"}}}},
             "/readyz": {"get": {"summary": "Every stream is running", "responses": {
                 "200": {"description": "ready"}, "503": {"description": "a stream is not running"}}}},
+            "/compact": {
+                "post": {"summary": "Compact and vacuum entities' tables now, due or not (`lakefeed compact`)",
+                         "description": "Answered at once; each entity is compacted between its batches, and GET "
+                                        "/compact says when. The token is in the daemon's "
+                                        "state_dir/admin.token.",
+                         "security": [{"bearer": []}],
+                         "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"entities": {
+                                 "type": "array", "items": {"type": "string"},
+                                 "description": "default: every entity"}}}}}},
+                         "responses": {
+                             "202": {"description": "Started (or joined, for an entity whose run goes on): each "
+                                                    "entity's run number", "content": {"application/json": {
+                                                        "schema": {"$ref": "#/components/schemas/Runs"}}}},
+                             "400": _error("The body is not {\"entities\": [names]}"),
+                             "401": _error("No or invalid bearer token"),
+                             "404": _error("An entity the daemon does not run"),
+                             "409": _error("An entity named is starting, stopping or failed"),
+                             "503": _error("The daemon is stopping", retry_after=True)}},
+                "get": {"summary": "Each entity's latest compaction run: state (running, done, failed) and what "
+                                   "became of each table", "responses": {"200": {"description": "runs"}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI"}}}},
         },
         "components": {
@@ -107,6 +129,11 @@ def document() -> dict[str, Any]:
                     "batch": {"type": "integer", "description": "the spool offset assigned to the request"},
                     "records": {"type": "integer"}, "received_at": {"type": "string", "format": "date-time"},
                     "duplicate": {"type": "boolean", "description": "an Idempotency-Key seen before"}}},
+                "Runs": {"type": "object", "required": ["runs"], "properties": {
+                    "runs": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "not_running": {"type": "array", "items": {"type": "string"}, "description":
+                                    "entities left out of a request for every entity: starting, stopping or "
+                                    "failed"}}},
                 "Notified": {"type": "object", "properties": {
                     "events": {"type": "integer"}, "enqueued": {"type": "integer", "description": "new to the inbox"},
                     "rejected": {"type": "integer"}, "ignored": {"type": "integer"},

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     status.add_argument("--url", help="the daemon's HTTP address (default: from state_dir/http.json)")
     status.add_argument("--json", action="store_true", help="print the /status document as is")
+    compact = sub.add_parser("compact", help="have the running daemon compact (and vacuum) entities' tables now, "
+                             "due or not, and wait until it has (README: Operations)")
+    compact.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG}): the "
+                         "daemon on its state_dir is asked")
+    compact.add_argument("--entity", action="append", help="only this entity (repeatable; default: every entity)")
+    compact.add_argument("--no-wait", action="store_true", help="only ask; GET /compact says when it is done")
+    compact.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
     backfill = sub.add_parser("backfill", help="process everything pending (files, spooled pushes), then exit")
     backfill.add_argument("--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     manifest = sub.add_parser("manifest", help="about the CDM manifests lakefeed keeps")
@@ -145,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         from lakefeed.ops.status_cli import show_status
 
         return show_status(cfg, args.url, args.json)
+    if args.command == "compact":
+        from lakefeed.ops.compact_cli import compact
+
+        return compact(cfg, args.entity, not args.no_wait, args.timeout)
     if args.command == "manifest":
         from lakefeed.ops.status_cli import show_manifest
 

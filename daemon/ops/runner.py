@@ -109,7 +109,7 @@ class EntityRunner:
         self._writers: dict[str, Spool] = {}  # without an intake: the push streams' spools, to release them
         self._counting = threading.Lock()
         self.queries: dict[str, StreamingQuery] = {}
-        self._shutdown = threading.Event()
+        self.shutdown = threading.Event()
         self.failed_on: tuple[int, ...] | None = None  # the manifest's file version when an error stopped it
         self._halting: dict[str, float] = {}  # streams being stopped -> when their running batch is given up
         self.consumed: dict[str, int] = {}
@@ -249,7 +249,7 @@ class EntityRunner:
             _log.error("entity.failed", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=str(exc))
             raise
         except Exception as exc:
-            if self._shutdown.is_set() or stream in self._halting:  # the stop cancelled the batch's Spark jobs
+            if self.shutdown.is_set() or stream in self._halting:  # the stop cancelled the batch's Spark jobs
                 error = " ".join(f"{type(exc).__name__}: {exc}".splitlines()[:2])[:300]
                 _log.warning("batch.abandoned", entity=self.cfg.name, stream=stream, batch_id=batch_id, error=error,
                              reason="stopping: the shutdown timeout has passed and its tasks were cancelled; "
@@ -270,7 +270,7 @@ class EntityRunner:
         replayed from the checkpoint at the next start)."""
 
         def halted(_: object) -> bool:
-            return self._shutdown.is_set() or stream in self._halting
+            return self.shutdown.is_set() or stream in self._halting
 
         def waiting(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -281,7 +281,7 @@ class EntityRunner:
 
         retrying = tenacity.Retrying(retry=tenacity.retry_if_exception(store_fault), stop=halted,
                                      wait=tenacity.wait_exponential(multiplier=0.5, max=10), before_sleep=waiting,
-                                     sleep=self._shutdown.wait, reraise=True)
+                                     sleep=self.shutdown.wait, reraise=True)
         return retrying(work)
 
     def backlog(self, stream: str) -> int:
@@ -323,14 +323,14 @@ class EntityRunner:
         return sum(max(0, n - end.get(tp, 0)) for tp, n in latest.items())
 
     def healthy(self, stall_s: float) -> bool:
-        """Each stream is making progress or idle with nothing waiting. An entity stopped by an
+        """Each stream is making progress, or idle with nothing waiting. An entity stopped by an
         error lakefeed reported (`terminal`) counts as healthy: a restart would not mend it."""
         if self.error is not None:
             return self.terminal
         if not self.running():
             return False
-        if all(self.backlog(s) == 0 for s in self.queries):
-            self.progress_at = time.monotonic()
+        if self.pipeline.compactor.asked or all(self.backlog(s) == 0 for s in self.queries):
+            self.progress_at = time.monotonic()  # idle, or its batches wait for a compaction the operator asked for
         return time.monotonic() - self.progress_at < stall_s
 
     def drained(self) -> bool:
@@ -355,7 +355,7 @@ class EntityRunner:
                     self._unavailable[stream] = status["unavailable"]
 
     def stop_intake(self) -> None:
-        self._shutdown.set()  # a batch waiting out a store fault gives up: it is replayed at the next start
+        self.shutdown.set()  # a batch waiting out a store fault gives up: it is replayed at the next start
         if self.source is not None:
             self.source.stop()
 

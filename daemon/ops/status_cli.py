@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakefeed.config.model import LakefeedConfig
 from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.intake.http_server import published
 
 if TYPE_CHECKING:
     from lakefeed.ops.supervisor import Supervisor
@@ -25,12 +26,11 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def show_status(cfg: LakefeedConfig, url: str | None, as_json: bool) -> int:
     if url is None:
-        try:
-            url = json.loads((cfg.state_dir / "http.json").read_text(encoding="utf-8"))["url"]
-        except (OSError, ValueError, KeyError):
-            print(f"lakefeed: no running daemon found ({cfg.state_dir / 'http.json'} is missing); "
-                  "start it or pass --url", file=sys.stderr)
+        found = published(cfg.state_dir)
+        if isinstance(found, str):
+            print(f"lakefeed: {found}", file=sys.stderr)
             return 1
+        url = found["url"]
     try:
         with urllib.request.urlopen(f"{url}/status", timeout=10) as resp:  # noqa: S310 - the daemon's own URL
             doc = json.load(resp)

@@ -45,6 +45,7 @@ from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
 from lakefeed.ops import priority, spark, status_api, writers
+from lakefeed.ops.compactions import Compactions
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
 from lakefeed.ops.runner import EntityRunner
@@ -73,6 +74,7 @@ class Supervisor:
         self._excluded: tuple = ()
         self.intake: IntakeProcess | None = None  # none in a backfill: it serves no HTTP
         self.webhooks = Webhooks()
+        self.compactions = Compactions(lambda: self.runners, secrets.token_urlsafe(32), self._stop.is_set)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -88,7 +90,8 @@ class Supervisor:
 
     def run(self) -> int:
         # An abstract unix socket: no path to clean up, and only this host's processes reach it.
-        local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self)],
+        local = HttpServer(self.cfg.http, [*self.webhooks.routes(), *status_api.routes(self),
+                                           *self.compactions.routes()],
                            unix=f"\0lakefeed-{os.getpid()}-{secrets.token_hex(4)}")
         own_session = priority.leads_own_session()
         try:
@@ -97,7 +100,7 @@ class Supervisor:
                 self.intake = IntakeProcess(self.cfg.http, local.unix or "", self.cfg.log_level,
                                             own_session=own_session)
                 self.url = self.intake.start()  # before the priority drops: the intake keeps the higher one
-                http_server.publish(self.cfg.state_dir, self.url)
+                http_server.publish(self.cfg.state_dir, self.url, self.compactions.token)
             priority.lower(self.cfg.spark.nice, autogroup=own_session)
             self._run_spark()
         finally:

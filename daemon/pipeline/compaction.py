@@ -14,6 +14,9 @@ dataset as its commit added it. So the changelog is compacted only once the chai
 (`run_changelog`, after the manifests' refresh): a file the compaction replaces is in the dataset already, and its
 vacuum cannot take a slice the chain has yet to link; and a compacted file never holds an offset past the chain's
 last, which the chain's rebuild from the files alone (daemon/odf/chain.py, `_whole`) would have to cut out of it.
+
+`lakefeed compact` asks the running daemon to compact every table of an entity now, due or not (`now`, under the
+entity's lock: daemon/ops/compactions.py); `every: 0` leaves the compaction to such requests alone.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from lakefeed import failpoints, log
 from lakefeed.config.model import EntityConfig
@@ -48,6 +51,7 @@ class Compactor:
         self._chained = chained
         self._since: dict[str, int] = {}  # table -> the version its commits are counted from
         self._skip = dict.fromkeys([*self._tables, CHANGELOG], 0)  # table -> batches before its version is read
+        self.asked = False  # compacting on demand (`now`)
 
     def run(self, halted: Callable[[], bool]) -> int:
         """Compact the tables that are due (not the changelog), after a batch's commits and under the entity's lock
@@ -61,6 +65,51 @@ class Compactor:
         refresh); the number of files rewritten. A chain behind the changelog (its refresh deferred, or stopped
         at a slice it cannot take) leaves it as it is, to be read again next batch."""
         return self._one(CHANGELOG, self._changelog, halted, self._chained)
+
+    def now(self, halted: Callable[[], bool]) -> dict[str, dict[str, Any]]:
+        """Compact (and vacuum) every table now, due or not, the changelog too if the ODF chain holds all of it
+        (the manifests are brought current before); what became of each table, to report to the operator who asked.
+        From one table to the next only until `halted()`: the tables not reached say so."""
+        report: dict[str, dict[str, Any]] = {}
+        self.asked = True  # the batches that wait for it are not stalled (the runner's `healthy`)
+        try:
+            for name, sink in [*self._tables.items(), (CHANGELOG, self._changelog)]:
+                if halted():
+                    report[name] = {"error": "not compacted: the daemon (or the entity) is stopping"}
+                    continue
+                try:
+                    report[name] = self._now(name, sink)
+                except Exception as exc:  # reported to the operator, who may ask again; the batches go on
+                    _log.warning("table.compaction_failed", entity=self._entity, table=name, on_demand=True,
+                                 error=f"{type(exc).__name__}: {exc}")
+                    report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self.asked = False
+        return report
+
+    def _now(self, name: str, sink: TableSink) -> dict[str, Any]:
+        version = sink.version()
+        if version is None:
+            return {"skipped": "no table yet"}
+        if name == CHANGELOG and self._chained() < version:
+            return {"skipped": f"the ODF chain holds the changelog up to version {self._chained()} of {version}; "
+                               "ask again once it has caught up"}
+        started = time.perf_counter()
+        removed, added = sink.compact(self._target)
+        if removed:
+            _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
+                      seconds=round(time.perf_counter() - started, 3), on_demand=True)
+        done = {"files_removed": removed, "files_added": added, "vacuum_retain_hours": self._retain}
+        if self._retain is not None:
+            try:
+                sink.vacuum(self._retain)
+            except Exception as exc:  # the compaction stays; the next one vacuums
+                done["error"] = f"vacuum: {type(exc).__name__}: {exc}"
+                _log.warning("table.vacuum_failed", entity=self._entity, table=name, error=done["error"])
+        after = sink.version()
+        self._since[name] = after if after is not None else version
+        self._skip[name] = max(self._every - 1, 0)
+        return {**done, "version": after, "seconds": round(time.perf_counter() - started, 3)}
 
     def _one(self, name: str, sink: TableSink, halted: Callable[[], bool],
              chained: Callable[[], int] | None = None) -> int:

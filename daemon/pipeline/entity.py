@@ -358,6 +358,16 @@ class EntityPipeline:
             if self.compactor.run_changelog(self.halted):
                 self._manifests()
 
+    def compact_now(self, halted: Callable[[], bool]) -> dict[str, dict[str, Any]]:
+        """Every table compacted now, due or not (`lakefeed compact`), between the entity's batches; from one table
+        to the next only until `halted()`."""
+        with self._lock:
+            self._manifests()  # the ODF chain holds every committed slice before the changelog is looked at
+            report = self.compactor.now(halted)
+            if any(table.get("files_removed") for table in report.values()):
+                self._manifests()  # they list the compacted files
+            return report
+
     def _manifests(self, end: int | None = None) -> None:
         """After a batch (committed, or replayed and found committed): each manifest brought to committed state;
         `end`, the inbox offset after a file batch: while files wait beyond it, the pace may leave it for later."""
