@@ -94,22 +94,7 @@ class Compactor:
         if name == CHANGELOG and self._chained() < version:
             return {"skipped": f"the ODF chain holds the changelog up to version {self._chained()} of {version}; "
                                "ask again once it has caught up"}
-        started = time.perf_counter()
-        removed, added = sink.compact(self._target)
-        if removed:
-            _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
-                      seconds=round(time.perf_counter() - started, 3), on_demand=True)
-        done = {"files_removed": removed, "files_added": added, "vacuum_retain_hours": self._retain}
-        if self._retain is not None:
-            try:
-                sink.vacuum(self._retain)
-            except Exception as exc:  # the compaction stays; the next one vacuums
-                done["error"] = f"vacuum: {type(exc).__name__}: {exc}"
-                _log.warning("table.vacuum_failed", entity=self._entity, table=name, error=done["error"])
-        after = sink.version()
-        self._since[name] = after if after is not None else version
-        self._skip[name] = max(self._every - 1, 0)
-        return {**done, "version": after, "seconds": round(time.perf_counter() - started, 3)}
+        return self._compact(name, sink, version, on_demand=True)
 
     def _one(self, name: str, sink: TableSink, halted: Callable[[], bool],
              chained: Callable[[], int] | None = None) -> int:
@@ -124,7 +109,11 @@ class Compactor:
         if chained is not None and chained() < version:
             _log.debug("table.compaction_waits", entity=self._entity, table=name, version=version, chain=chained())
             return 0
-        return self._compact(name, sink, version)
+        done = self._attempt(name, "compaction", partial(self._compact, name, sink, version))
+        if done is None:
+            self._skip[name] = self._every - 1  # tried again `every` commits on
+            return 0
+        return done["files_removed"]
 
     def _due(self, name: str, sink: TableSink) -> int | None:
         """The table's version when it is due for compaction, else None. Reading the version costs a listing of
@@ -141,23 +130,26 @@ class Compactor:
         self._skip[name] = max(short - 1, 0)
         return version if short <= 0 else None
 
-    def _compact(self, name: str, sink: TableSink, version: int) -> int:
+    def _compact(self, name: str, sink: TableSink, version: int, on_demand: bool = False) -> dict[str, Any]:
+        """Compact a table, then vacuum it (a vacuum that fails is only reported: the next compaction vacuums); what
+        was done. The commits are counted again from here."""
         started = time.perf_counter()
-        removed, added = self._attempt(name, "compaction", lambda: sink.compact(self._target)) or (0, 0)
+        removed, added = sink.compact(self._target)
         if removed:
             failpoints.reached("compaction.committed")
             _log.info("table.compacted", entity=self._entity, table=name, files_removed=removed, files_added=added,
-                      seconds=round(time.perf_counter() - started, 3))
-        retain = self._retain
-        if retain is not None:
-            started = time.perf_counter()
-            if self._attempt(name, "vacuum", lambda: sink.vacuum(retain) or True):
-                _log.debug("table.vacuumed", entity=self._entity, table=name, retain_hours=retain,
-                           seconds=round(time.perf_counter() - started, 3))
-        after = self._attempt(name, "compaction", sink.version)
+                      seconds=round(time.perf_counter() - started, 3), on_demand=on_demand)
+        done: dict[str, Any] = {"files_removed": removed, "files_added": added, "vacuum_retain_hours": self._retain}
+        if self._retain is not None:
+            try:
+                sink.vacuum(self._retain)
+            except Exception as exc:  # upkeep: a store's error or a full disk fails neither a batch nor the compaction
+                done["error"] = f"vacuum: {type(exc).__name__}: {exc}"
+                _log.warning("table.vacuum_failed", entity=self._entity, table=name, error=done["error"])
+        after = sink.version()
         self._since[name] = after if after is not None else version
-        self._skip[name] = self._every - 1
-        return removed
+        self._skip[name] = max(self._every - 1, 0)
+        return {**done, "version": after, "seconds": round(time.perf_counter() - started, 3)}
 
     def _attempt(self, name: str, step: str, run: Callable[[], T]) -> T | None:
         try:
