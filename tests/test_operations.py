@@ -477,6 +477,32 @@ def test_compaction_on_demand_needs_the_daemon_s_token_and_the_daemon_goes_on(tm
     assert not published.exists()
 
 
+def test_a_compaction_request_whose_token_is_not_utf8_gets_401():
+    """The daemon's own server (an abstract unix socket any local process reaches) is asked directly: header bytes
+    that are not UTF-8 are a wrong token, not a server error."""
+    import asyncio
+
+    from aiohttp import web
+
+    from lakefeed.ops.compactions import Compactions
+
+    async def ask() -> bytes:
+        app = web.Application()
+        app.add_routes(Compactions(lambda: {}, "the-token", lambda: False).routes())
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+            writer.write(b"POST /compact HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+                         b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+            return await asyncio.wait_for(reader.read(), 30)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(ask()).startswith(b"HTTP/1.1 401 ")
+
+
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

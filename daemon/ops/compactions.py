@@ -74,7 +74,7 @@ class Compactions:
         async def ask(request: web.Request) -> web.Response:
             scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not self.token or \
-                    not hmac.compare_digest(offered.strip().encode(), self.token.encode()):
+                    not hmac.compare_digest(offered.strip().encode("utf-8", "surrogateescape"), self.token.encode()):
                 return web.json_response({"error": "give the token in the daemon's state_dir/admin.token as "
                                                    "`Authorization: Bearer <token>` (`lakefeed compact` does)"},
                                          status=401, headers={"WWW-Authenticate": 'Bearer realm="lakefeed"'})
