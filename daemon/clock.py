@@ -29,7 +29,7 @@ def to_cdm(t: datetime) -> str:
 
 def from_cdm(text: str) -> datetime:
     """An ISO 8601 time as UTC (no zone: UTC); ValueError for text that is none, or outside years 1 to 9999 in UTC."""
-    t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    t = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))  # RFC 3339 allows a lower-case t and z
     try:
         return t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
     except OverflowError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class LakefeedError(Exception):
     """Root of every error lakefeed raises on purpose."""
@@ -16,9 +18,11 @@ class TerminalError(LakefeedError):
 
 
 class ManifestError(TerminalError):
-    """A CDM manifest cannot be read or does not describe the entity; `stamp` is the version of the file as it
-    was read (`cdm_manifest.file_version`), so a change to it (a fix) can be told from the version that failed."""
+    """A CDM manifest cannot be read or does not describe the entity; `path` is the file at fault (None: the
+    entity's manifest) and `stamp` its version as it was read (`cdm_manifest.file_version`), so a change to it (a
+    fix) can be told from the version that failed."""
 
+    path: Path | None = None
     stamp: tuple[int, ...] | None = None
 
 

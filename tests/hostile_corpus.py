@@ -66,7 +66,7 @@ class Config:
     """A config file that `config.load` (what `lakefeed validate` and a reload run) must refuse."""
 
     name: str
-    text: str
+    text: str | bytes  # bytes: not UTF-8
     says: str  # a phrase of one problem, which names `file:line: field`
     line: int
 
@@ -178,6 +178,10 @@ MANIFESTS = [
     Manifest("regex-is-a-number", {"manifestName": "default", "entities": [{**_FRAGILE,
              "dataPartitionPatterns": [{"name": "x", "regularExpression": 5}]}]}, "must be a string"),
     Manifest("not-json", "{ oops", "is not valid JSON"),
+    Manifest("time-not-iso", {"manifestName": "default", "entities": [{**_FRAGILE, "lastFileModifiedTime": "n/a"}]},
+             "lastFileModifiedTime must be an ISO 8601 time"),
+    Manifest("nested-too-deep", '{"manifestName": "default", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+             "is not valid JSON"),
     Manifest("a-list", [1, 2], "must hold a JSON object"),
     Manifest("declaration-deleted", {"manifestName": "default", "entities": []}, "",
              appears="fragile/after-undeclared.csv"),
@@ -203,4 +207,12 @@ CONFIGS = [
     Config("token-not-a-hash", "entities:\n  - name: a\n    push: [{name: p, tokens_sha256: [secret]}]\n",
            "SHA-256", 3),
     Config("no-source-at-all", "entities:\n  - name: a\n", "give the entity a source", 2),
+    Config("duplicate-key", "entities:\n  - name: a\n    name: b\n    source: {type: local_dir, path: x}\n",
+           "'name' is given twice", 3),
+    Config("not-utf8", b"lake_dir: x\n# caf\xe9\nentities: []\n", "not UTF-8", 2),
+    Config("nested-too-deep", "lake_dir: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply", 1),
+    Config("empty-source-path", "entities:\n  - name: a\n    source: {type: local_dir, path: }\n",
+           "source.local_dir.path", 3),
+    Config("timeout-beyond-a-century", "shutdown_timeout_s: 1e10\nentities:\n  - name: a\n"
+           "    source: {type: local_dir, path: x}\n", "shutdown_timeout_s", 1),
 ]

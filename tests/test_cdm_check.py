@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -408,3 +409,23 @@ def test_file_times_are_stamped_as_the_sdk_stamps_them(tmp_path, second, part):
     sdk = sdk_stamp(datetime.fromtimestamp(os.path.getmtime(path), UTC))
     assert Stamps()(path.stat().st_mtime_ns) == sdk
     assert clock.to_cdm(clock.from_ns(path.stat().st_mtime_ns)) == sdk
+
+
+def test_a_checked_manifest_keeps_its_mode_and_a_time_that_is_none_is_named(tmp_path):
+    """The manifest is read by whoever reads the lake: a rewrite keeps the file's mode (a temporary file's 0600 would
+    lock them out). A status time that is not ISO 8601 is an error naming it, and the file is left as it is."""
+    _tree(tmp_path)
+    root = tmp_path / "default.manifest.cdm.json"
+    root.chmod(0o644)
+    run = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "check", str(root)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["manifests"][0]["written"] and stat.S_IMODE(root.stat().st_mode) == 0o644
+    doc = json.loads(root.read_text())
+    doc["entities"][0]["dataPartitions"][0]["lastFileModifiedTime"] = "yesterday"
+    root.write_text(json.dumps(doc))
+    run = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "check", str(root)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "/entities/0/dataPartitions/0/lastFileModifiedTime must be an ISO 8601 time" in run.stderr
+    assert json.loads(root.read_text()) == doc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from deltalake import DeltaTable
 from lakefeed import clock
 from lakefeed.config import model as config
 from lakefeed.errors import ConfigError
+from lakefeed.manifests import cdm_parents
 from tests.conftest import land, wait_for, write_config
 
 INCREMENTAL = {"traitReference": "is.partition.incremental", "arguments": [{"name": "type", "value": "Upsert"}]}
@@ -145,3 +147,38 @@ def test_the_daemon_keeps_each_manifest_of_the_tree(tmp_path):
         assert partitions(shop, "Orders", "incrementalPartitions") == ["orders/o1.csv", "orders/o2.csv"]
         assert daemon.events("config.changed") == 1
         daemon.stop(60)
+
+
+@pytest.mark.parametrize(("document", "expected"), [
+    ('{"manifestName": "default", "entities": 5}', "entities must be a list, not int"),
+    ('{"manifestName": "default", "entities": [], "subManifests": true}', "subManifests must be a list, not bool"),
+    ('{"manifestName": "default", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ("{ oops", "cannot be read"),
+])
+def test_a_tree_manifest_edited_into_a_bad_shape_is_a_config_problem_at_its_entry(tmp_path, document, expected):
+    """The tree's manifests are read at every (re)load: whatever one holds is a problem the reload reports (and the
+    running config is kept), never an exception that ends the daemon."""
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / "default.manifest.cdm.json").write_text(document)
+    path = _config(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "cdm_root" in text)
+    assert any(expected in p and p.startswith(f"{path}:{line}: entities.0.cdm_root") for p in caught.value.problems), \
+        caught.value.problems
+
+
+def test_a_parent_manifest_that_cannot_be_read_is_left_to_its_owner(tmp_path):
+    """A sub-manifest's entity goes on when a manifest above it is broken: the parent is logged and left as it is."""
+    _tree(tmp_path / "landing")
+    landing = tmp_path / "landing"
+    root, shop = landing / "default.manifest.cdm.json", landing / "shop" / "shop.manifest.cdm.json"
+    for broken in ("{ oops", json.dumps({"manifestName": "default", "lastChildFileModifiedTime": "yesterday"})):
+        root.write_text(broken)
+        assert cdm_parents.propagate(shop, (root,), clock.to_cdm(clock.now()), lambda _: nullcontext(), 1000) == []
+        assert root.read_text() == broken
+    root.write_text(json.dumps({"manifestName": "default", "subManifests": [
+        {"manifestName": "shop", "definition": "shop/shop.manifest.cdm.json"}]}))
+    assert cdm_parents.propagate(shop, (root,), clock.to_cdm(clock.now()), lambda _: nullcontext(), 1000) == [root]
+    assert json.loads(root.read_text())["subManifests"][0]["lastFileModifiedTime"] == clock.to_cdm(
+        clock.from_ns(shop.stat().st_mtime_ns))

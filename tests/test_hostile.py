@@ -253,7 +253,10 @@ def _manifest(d: Daemon, case: corpus.Manifest) -> None:
 
 def _config(d: Daemon, case: corpus.Config, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(case.text)
+    if isinstance(case.text, bytes):
+        path.write_bytes(case.text)
+    else:
+        path.write_text(case.text)
     with pytest.raises(ConfigError) as refused:
         config.load(path)
     at = [p for p in refused.value.problems if p.startswith(f"{path}:{case.line}:")]

@@ -271,6 +271,8 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     assert run_ids() == changed
     wait_for(lambda: any("config reload rejected" in m for _, m in notes.with_field("STATUS=")), 30, 0.2,
              "STATUS= reporting the rejected config")
+    wait_for(lambda: 'lakefeed_stream_running{entity="extra",stream="api"}' in
+             client.request("GET", "/metrics")[1].decode(), 30, 0.2, "the extra entity's series")
     # 4. remove an entity and change the Spark master: the removal applies, the master needs a restart; so does
     # the delta-spark writer (the session loads its jars at start): until then delta-rs goes on writing sales
     del doc["entities"][2]
@@ -284,6 +286,8 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     assert run_ids()["sales/files"] == changed["sales/files"]  # not restarted: nothing it can apply changed
     assert status["daemon"]["config_problems"] == []
     assert client.push([{"id": 1}], entity="extra")[0] == 404  # removed: no longer paused for a restart
+    metrics = client.request("GET", "/metrics")[1].decode()
+    assert 'entity="extra"' not in metrics and 'lakefeed_stream_running{entity="events",stream="api"}' in metrics
     # 5. SIGHUP reloads too (nothing changed: nothing restarts)
     daemon.signal(signal.SIGHUP)
     wait_for(lambda: reloads() == 4, 60, 0.2, "reload on SIGHUP")
@@ -502,6 +506,48 @@ def test_a_compaction_request_whose_token_is_not_utf8_gets_401():
 
     assert asyncio.run(ask()).startswith(b"HTTP/1.1 401 ")
 
+
+def test_the_reading_commands_say_what_is_wrong_in_one_line(tmp_path):
+    """`lakefeed status` asking a port that is not the daemon's, and `lakefeed manifest show` of a manifest edited
+    into invalid JSON, exit 1 with a line that says so, not a traceback."""
+    import http.server
+
+    class NotLakefeed(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            body = b"<html>hello</html>" if self.path == "/status" else b'{"daemon": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotLakefeed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = write_config(tmp_path)
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / "default.manifest.cdm.json").write_text("{ oops")
+    try:
+        status = subprocess.run([sys.executable, "-m", "lakefeed", "status", "--config", str(config), "--url",
+                                 f"http://127.0.0.1:{server.server_address[1]}"],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert status.returncode == 1 and "did not answer as a lakefeed daemon does" in status.stderr, status.stderr
+    show = subprocess.run([sys.executable, "-m", "lakefeed", "manifest", "show", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert show.returncode == 1 and "Traceback" not in show.stderr, show.stderr
+    assert "sales: manifest" in show.stderr and "is not valid JSON" in show.stderr
+
+
+def test_a_notify_socket_that_is_gone_is_logged_once_and_the_daemon_goes_on(tmp_path, monkeypatch, capsys):
+    """sd_notify(3) ignores a socket it cannot reach; so does lakefeed, saying so once."""
+    from lakefeed.ops.notify import notify
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone.sock"))
+    assert notify(READY="1") is False and notify(WATCHDOG="1") is False
+    assert capsys.readouterr().err.count("notify.failed") == 1
 
 def test_startup_fails_with_one_clear_line_when_the_port_is_taken(tmp_path):
     taken = socket.socket()

@@ -6,13 +6,16 @@ not manage (imports, relationships, sub-manifests, traits, unknown keys) is kept
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import stat
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from lakefeed import clock
 from lakefeed.errors import ManifestError
 
 JSON_SCHEMA_VERSION = "1.0.0"
@@ -52,13 +55,13 @@ def load(path: Path) -> dict[str, Any]:
         raise ManifestError(f"manifest {path} cannot be read: {exc}") from exc
     try:
         return _checked(path, json.loads(text))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         fault = ManifestError(f"manifest {path} is not valid JSON ({exc}); fix or restore it — lakefeed left it "
                               "untouched")
-        fault.stamp = _version(st)
+        fault.path, fault.stamp = path, _version(st)
         raise fault from exc
     except ManifestError as fault:
-        fault.stamp = _version(st)
+        fault.path, fault.stamp = path, _version(st)
         raise
 
 
@@ -71,8 +74,8 @@ def _checked(path: Path, doc: Any) -> dict[str, Any]:
 
 
 _LISTS = ("dataPartitionPatterns", "incrementalPartitionPatterns", "dataPartitions", "incrementalPartitions")
-_TEXTS = ("entityName", "entityPath", "location", "rootLocation", "regularExpression", "globPattern",
-          "lastFileStatusCheckTime", "lastFileModifiedTime", "lastChildFileModifiedTime")
+_TEXTS = ("entityName", "entityPath", "location", "rootLocation", "regularExpression", "globPattern")
+_TIMES = ("lastFileStatusCheckTime", "lastFileModifiedTime", "lastChildFileModifiedTime")
 
 
 def _is_text(value: Any) -> bool:
@@ -99,6 +102,10 @@ def shape_fault(doc: dict[str, Any]) -> str | None:
     for key in ("entities", "subManifests"):
         if key in doc and (fault := objects(doc[key], f"/{key}")):
             return fault
+    subs = [(sub, f"/subManifests/{i}") for i, sub in enumerate(doc.get("subManifests") or ())]
+    for item, where in [(doc, ""), *subs]:
+        if fault := _time_fault(item, where):
+            return fault
     for i, entity in enumerate(doc.get("entities") or ()):
         for key in _LISTS:
             if key in entity and (fault := objects(entity[key], f"/entities/{i}/{key}")):
@@ -111,6 +118,23 @@ def shape_fault(doc: dict[str, Any]) -> str | None:
             arguments = item.get("parameters")
             if arguments is not None and not (isinstance(arguments, list) and all(map(_is_text, arguments))):
                 return f"{where}/parameters must be a list of strings"
+            if fault := _time_fault(item, where):
+                return fault
+    return None
+
+
+def _time_fault(item: dict[str, Any], where: str) -> str | None:
+    """The first of an object's file status times that is not an ISO 8601 time lakefeed can compare, or None."""
+    for key in _TIMES:
+        value = item.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            return f"{where}/{key} must be a string, not {type(value).__name__}"
+        try:
+            clock.from_cdm(value)
+        except ValueError:
+            return f"{where}/{key} must be an ISO 8601 time such as 2024-01-31T12:00:00.000Z, not {value!r}"
     return None
 
 
@@ -145,9 +169,14 @@ def save_text(path: Path, text: str) -> None:
     """Write a document's JSON text to a temporary file beside it, fsync, then rename over it."""
     _writes[path.resolve()] += 1  # before the rename: a reader that parses between the two sees a count it lacks
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    # Not mkstemp's 0600: the manifest is read by whoever reads the lake. A new one gets the umask's mode, a
+    # rewritten one keeps the mode it had.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with contextlib.suppress(FileNotFoundError):
+                os.fchmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             f.write(text)
             f.write("\n")
             f.flush()

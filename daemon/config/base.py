@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
+CENTURY_S = 100 * 365 * 86400.0  # the longest duration a setting takes: longer ones overflow the clocks' waits
+
 
 def _resolve(value: Path, info: ValidationInfo) -> Path:
     base = (info.context or {}).get("base_dir")

@@ -50,6 +50,8 @@ def expand(entities: list[Any], base_dir: Path) -> tuple[list[Any], list[tuple[i
             found, read = _EXPANDERS[key](raw, base_dir)
         except ValueError as exc:  # TreeError too
             raise TreeError(str(exc), i, key, getattr(exc, "where", None)) from exc
+        except RecursionError as exc:
+            raise TreeError("its manifests are nested too deeply to read", i, key) from exc
         out.extend(found)
         origin.extend((i, e["name"]) for e in found)
         files.extend(read)
@@ -94,8 +96,13 @@ def _local_entities(path: Path, corpus: Path, seen: set[Path], parents: tuple[Pa
         raise TreeError(f"no manifest at {path}: give cdm_root the path of a *.manifest.cdm.json") from exc
     except (OSError, ValueError) as exc:
         raise TreeError(f"manifest {path} cannot be read: {exc}") from exc
+    except RecursionError as exc:
+        raise TreeError(f"manifest {path} cannot be read: its JSON is nested too deeply") from exc
     if not isinstance(doc, dict):
         raise TreeError(f"manifest {path} is not a JSON object")
+    for key in ("entities", "subManifests"):
+        if not isinstance(doc.get(key) or [], list):
+            raise TreeError(f"manifest {path}: {key} must be a list, not {type(doc[key]).__name__}")
     for entity in doc.get("entities") or ():
         if isinstance(entity, dict) and entity.get("type") != "ReferencedEntity" and entity.get("entityName"):
             yield path, parents, entity

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from lakefeed.config.base import Frozen
+from lakefeed.config.base import CENTURY_S, Frozen
 
 
 class Compaction(Frozen):
@@ -17,6 +17,7 @@ class Compaction(Frozen):
                                                      "asked (`lakefeed compact`).")
     target_file_mb: int = Field(default=128, ge=1, le=4096, description="The size compacted files are aimed at.")
     vacuum_retain_hours: int | None = Field(
-        default=168, ge=0, description="With each compaction, the files a table stopped using (compacted, or "
-                                       "rewritten by a MERGE) this many hours ago are deleted from storage (Delta's "
-                                       "VACUUM); time travel reaches back this far. null: never.")
+        default=168, ge=0, le=int(CENTURY_S // 3600),
+        description="With each compaction, the files a table stopped using (compacted, or rewritten by a MERGE) "
+                    "this many hours ago are deleted from storage (Delta's VACUUM); time travel reaches back this far. "
+                    "null: never.")

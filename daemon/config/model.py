@@ -11,11 +11,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lakefeed.config import cdm_root, lines
-from lakefeed.config.base import Frozen, Location, ResolvedPath
+from lakefeed.config.base import CENTURY_S, Frozen, Location, ResolvedPath
 from lakefeed.config.cdm_keys import with_document_key
 from lakefeed.config.compaction import Compaction
 from lakefeed.config.formats import CsvFormat, FileFormat, JsonFormat, ModelJsonFormat, ParquetFormat
@@ -119,7 +118,7 @@ class EventTimeConfig(Frozen):
         default=None, description="source=path: a regex whose first group, found in the file's location, "
                                   "is the time (ODF EventTimeSource::FromPath).")
     path_format: str = Field(default="%Y-%m-%d", description="source=path: strptime format of that group.")
-    allowed_lateness_s: float = Field(default=0.0, ge=0, description="watermark = max event time - this.")
+    allowed_lateness_s: float = Field(default=0.0, ge=0, le=CENTURY_S, description="watermark = max event time - this.")
     late_policy: Literal["apply", "quarantine", "drop"] = "apply"
 
     @model_validator(mode="after")
@@ -261,7 +260,7 @@ class HttpConfig(Frozen):
 class SparkConfig(Frozen):
     master: str = "local[2]"
     app_name: str = "lakefeed"
-    trigger_interval_s: float = Field(default=1.0, gt=0)
+    trigger_interval_s: float = Field(default=1.0, gt=0, le=CENTURY_S)
     conf: dict[str, str] = Field(default_factory=dict)
     nice: int = Field(default=10, ge=0, le=19, description="How much nicer than the intake process (which "
                       "acknowledges pushes) the rest of the daemon runs: Spark's JVM, its Python workers and "
@@ -277,15 +276,16 @@ class LakefeedConfig(Frozen):
                                "tables: a folder or s3://bucket/prefix.")
     state_dir: ResolvedPath = Path("var/state")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    shutdown_timeout_s: float = Field(default=60.0, gt=0, description="How long a stop waits for the running "
-                                      "batches; one still running then is given up between files.")
-    stop_grace_s: float = Field(default=20.0, gt=0, description="After shutdown_timeout_s, the time left to stop "
-                                "the queries and Spark before the daemon exits by itself (128+SIGTERM; what it "
-                                "interrupts is replayed). Keep the unit's TimeoutStopSec above the two together.")
+    shutdown_timeout_s: float = Field(default=60.0, gt=0, le=CENTURY_S, description="How long a stop waits for "
+                                      "the running batches; one still running then is given up between files.")
+    stop_grace_s: float = Field(default=20.0, gt=0, le=CENTURY_S, description="After shutdown_timeout_s, the time "
+                                "left to stop the queries and Spark before the daemon exits by itself (128+SIGTERM; "
+                                "what it interrupts is replayed). Keep the unit's TimeoutStopSec above the two "
+                                "together.")
     status_sample_s: float = Field(default=10.0, gt=0, le=3600, description="How often the status page's "
                                    "charts take a point (the last hour is kept).")
-    stall_timeout_s: float = Field(default=600.0, gt=0, description="A stream with work waiting and no batch "
-                                   "finished for this long is stuck: the systemd watchdog pings stop.")
+    stall_timeout_s: float = Field(default=600.0, gt=0, le=CENTURY_S, description="A stream with work waiting "
+                                   "and no batch finished for this long is stuck: the systemd watchdog pings stop.")
     spark: SparkConfig = SparkConfig()
     http: HttpConfig = HttpConfig()
     storage: S3Storage = Field(default=S3Storage(), description="Object-store access for s3:// locations.")
@@ -336,7 +336,9 @@ class LakefeedConfig(Frozen):
                     name_ = source.get("manifest_name", "default.manifest.cdm.json")
                     raw.setdefault("manifest", f"{raw['state']}/cdm/{name_}")
                 elif "manifest" not in raw:
-                    folder = source["path"] if isinstance(source, dict) and "path" in source else lake
+                    folder = source.get("path") if isinstance(source, dict) and "path" in source else lake
+                    if not isinstance(folder, str):
+                        folder = lake  # the source's path is the error reported
                     if folder.startswith("s3://"):
                         folder = f"{state}/{name}/cdm"
                     raw["manifest"] = f"{folder}/default.manifest.cdm.json"
@@ -363,17 +365,7 @@ def json_schema() -> dict[str, Any]:
 def load(path: str | Path) -> LakefeedConfig:
     """Read, validate and freeze a config file, or raise ConfigError listing every problem."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}:1: (file): cannot read: {exc.strerror}"]) from exc
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise ConfigError([f"{path}:{line}: (yaml): {getattr(exc, 'problem', exc)}"]) from exc
+    node, data = lines.read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError([f"{path}:1: (root): the config must be a mapping"])
     origin: list[tuple[int, str | None]] = []

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from lakefeed.config.base import Frozen, Name, ResolvedPath
+from lakefeed.config.base import CENTURY_S, Frozen, Name, ResolvedPath
 
 S3_URL = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
@@ -17,7 +17,7 @@ FILES = "files"  # the stream name of an entity's file source
 class LocalDirSource(Frozen):
     type: Literal["local_dir"] = "local_dir"
     path: ResolvedPath = Field(description="The landing folder to watch (the CDM folder or below it).")
-    reconcile_interval_s: float = Field(default=60.0, gt=0, description="Listing to catch missed events.")
+    reconcile_interval_s: float = Field(default=60.0, gt=0, le=CENTURY_S, description="Listing to catch missed events.")
     max_files_per_trigger: int = Field(default=1000, gt=0)
     follow_symlinks: bool = Field(default=False, description="Take symbolic links whose target is inside the "
                                   "folder; other links, and all links when false, go to quarantine unread.")
@@ -97,11 +97,12 @@ class S3Source(Frozen):
     url: str = Field(pattern=S3_URL, description="s3://bucket/prefix/, the entity's root.")
     notifications: tuple[Notifications, ...] = Field(default=(), description="Where the bucket's events arrive; "
                                                      "without any, the periodic listing alone finds files.")
-    reconcile_interval_s: float = Field(default=300.0, gt=0, description="Listing to catch lost notifications.")
+    reconcile_interval_s: float = Field(default=300.0, gt=0, le=CENTURY_S,
+                                        description="Listing to catch lost notifications.")
     dated_prefix: str | None = Field(default=None, description="strftime pattern of the keys' leading part "
                                      "below url, e.g. 'date=%Y-%m-%d/': periodic listings then start after the "
                                      "key prefix of now - listing_lookback_s instead of listing everything.")
-    listing_lookback_s: float = Field(default=2 * 86400.0, gt=0)
+    listing_lookback_s: float = Field(default=2 * 86400.0, gt=0, le=CENTURY_S)
     manifest_name: str = Field(default="default.manifest.cdm.json", pattern=r"^[^/]+\.manifest\.cdm\.json$")
     max_files_per_trigger: int = Field(default=1000, gt=0)
 
@@ -132,7 +133,7 @@ class PushSource(Frozen):
     spool_max_bytes: int = Field(default=1 << 30, gt=0, description="Acknowledged data not yet committed; "
                                                                     "503 with Retry-After beyond it.")
     segment_bytes: int = Field(default=64 << 20, gt=0, description="Spool segment size.")
-    idempotency_ttl_s: float = Field(default=86400.0, gt=0, description="How long an Idempotency-Key is "
+    idempotency_ttl_s: float = Field(default=86400.0, gt=0, le=CENTURY_S, description="How long an Idempotency-Key is "
                                                                         "remembered.")
     max_records_per_trigger: int = Field(default=1_000_000, gt=0)
 
@@ -157,7 +158,7 @@ class KafkaSource(Frozen):
                                        "range is split. Default: twice the machine's cores.")
     group_id: str | None = Field(default=None, description="Processed offsets are mirrored to this consumer "
                                                            "group for lag monitoring only.")
-    retry_timeout_s: float = Field(default=300.0, gt=0, description="How long an unreachable broker is "
+    retry_timeout_s: float = Field(default=300.0, gt=0, le=CENTURY_S, description="How long an unreachable broker is "
                                                                     "retried before the stream fails.")
     metadata_columns: tuple[Literal["topic", "partition", "offset", "timestamp", "key", "headers"], ...] = Field(
         default=("topic", "partition", "offset", "timestamp", "key"),

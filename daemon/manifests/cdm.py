@@ -10,7 +10,6 @@ the next refresh, and re-applying a commit is harmless.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -335,10 +334,8 @@ class ManifestKeeper:
         """The version applied, and a copy of the manifest as written (what `restore` brings back)."""
         if text is not None:
             cdm_manifest.save_text(self._copy_path, text)
-        tmp = self._state_path.with_suffix(".tmp")
         state = {"applied_version": version, "owned": sorted(owned), "doubled": doubled}
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(tmp, self._state_path)
+        cdm_manifest.save_text(self._state_path, json.dumps(state))  # fsynced: a power cut leaves it whole
         self._state = version, owned, doubled
 
 

@@ -65,7 +65,7 @@ class _Doc:
 
 def _later(a: str | None, b: str | None) -> str | None:
     """The later of two CDM times; plain string order where both are in the form lakefeed writes."""
-    if a and b and len(a) == len(b) == 24 and a[-1] == b[-1] == "Z":
+    if a and b and len(a) == len(b) == 24 and a[-1] == b[-1] == "Z" and a[10] == b[10] == "T":
         return a if a >= b else b
     return clock.latest(a, b)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from lakefeed import clock, log
 from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.errors import ManifestError
 
 _log = log.get(__name__)
 
@@ -26,7 +27,7 @@ def propagate(child: Path, parents: tuple[Path, ...], checked: str, lock, compac
             try:
                 doc = cdm_manifest.load(parent)
                 child_doc = cdm_manifest.load(child)
-            except (OSError, ValueError) as exc:  # a parent edited into something unreadable: its owner's to fix
+            except (OSError, ManifestError) as exc:  # a parent edited into something unreadable: its owner's to fix
                 _log.warning("manifest.parent_unreadable", manifest=str(parent), error=str(exc))
                 return written
             declaration = _declaration(doc, parent, child, corpus)

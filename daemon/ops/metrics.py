@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -90,6 +91,10 @@ class Metrics:
                                  "retried", ["entity", "stream"], registry=r)
         self.retries = Gauge("lakefeed_source_retries", "Retries of a source's broker calls since its query "
                              "started", ["entity", "stream"], registry=r)
+        self._by_stream = (self.batches, self.duration, self.stage, self.backlog, self.running, self.unavailable,
+                           self.retries)
+        self._labelled = (*self._by_stream, self.files, self.rows, self.quarantined, self.errors, self.watermark,
+                          self.since_commit, self.missed)
         self._lock = threading.Lock()
         self.entities: dict[str, EntityStats] = {}
         self.started = time.time()
@@ -101,9 +106,23 @@ class Metrics:
                 self.entities[entity] = EntityStats(history=history)
             return self.entities[entity]
 
-    def forget(self, entity: str) -> None:
+    def forget(self, entity: str, streams: Iterable[str] | None = None) -> None:
+        """Drop an entity gone from the config (`streams`: only these of its sources), from /metrics and /status
+        alike: its last backlog or `running` would otherwise be reported, and alerted on, for ever."""
         with self._lock:
-            self.entities.pop(entity, None)
+            if streams is None:
+                self.entities.pop(entity, None)
+            elif (kept := self.entities.get(entity)) is not None:
+                for stream in streams:
+                    kept.streams.pop(stream, None)
+                    kept.backlog.pop(stream, None)
+        if streams is None:
+            for metric in self._labelled:
+                metric.remove_by_labels({"entity": entity})
+            return
+        for metric in self._by_stream:
+            for stream in streams:
+                metric.remove_by_labels({"entity": entity, "stream": stream})
 
     def batch_done(self, entity: str, stream: str, result: BatchResult, seconds: float) -> None:
         if result.files or result.rows or result.partitions:

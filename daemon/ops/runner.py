@@ -110,7 +110,7 @@ class EntityRunner:
         self._counting = threading.Lock()
         self.queries: dict[str, StreamingQuery] = {}
         self.shutdown = threading.Event()
-        self.failed_on: tuple[int, ...] | None = None  # the manifest's file version when an error stopped it
+        self.failed_on: tuple[Path, tuple[int, ...] | None] | None = None  # the file at fault, and its version
         self._halting: dict[str, float] = {}  # streams being stopped -> when their running batch is given up
         self.consumed: dict[str, int] = {}
         self._unavailable: dict[str, bool] = {}  # what was last logged about each source's broker
@@ -376,7 +376,8 @@ class EntityRunner:
     def stopped_by(self, error: LakefeedError) -> None:
         """An error lakefeed reported stops the entity. The manifest's version that failed (or, for other errors, the
         one there now) is kept: a change to it, a fix, starts the entity again (the supervisor's `_revive`)."""
-        self.failed_on = getattr(error, "stamp", None) or cdm_manifest.file_version(self.cfg.manifest)
+        where = getattr(error, "path", None) or self.cfg.manifest  # a schema document, say, or the manifest
+        self.failed_on = where, getattr(error, "stamp", None) or cdm_manifest.file_version(where)
         self.error, self.terminal = str(error), True
 
     def running(self) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakefeed.config.model import LakefeedConfig
 from lakefeed.connectors.sinks import cdm_manifest
+from lakefeed.errors import ManifestError
 from lakefeed.intake.http_server import published
 
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ def show_status(cfg: LakefeedConfig, url: str | None, as_json: bool) -> int:
     except (urllib.error.URLError, OSError) as exc:
         print(f"lakefeed: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
         return 1
+    except ValueError:
+        doc = None
+    if not (isinstance(doc, dict) and isinstance(doc.get("daemon"), dict) and isinstance(doc.get("entities"), dict)):
+        print(f"lakefeed: {url}/status did not answer as a lakefeed daemon does: is that its URL (--url), and is "
+              "it still running?", file=sys.stderr)
+        return 1
     if as_json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -59,7 +66,7 @@ def show_status(cfg: LakefeedConfig, url: str | None, as_json: bool) -> int:
 
 
 def show_manifest(cfg: LakefeedConfig, only: list[str] | None, as_json: bool) -> int:
-    found = 0
+    found, failed = 0, False
     for entity in cfg.entities:
         if only and entity.name not in only:
             continue
@@ -67,6 +74,10 @@ def show_manifest(cfg: LakefeedConfig, only: list[str] | None, as_json: bool) ->
             doc = cdm_manifest.load(entity.manifest)
         except FileNotFoundError:
             print(f"{entity.name}: no manifest yet at {entity.manifest}")
+            continue
+        except ManifestError as exc:
+            print(f"{entity.name}: {exc}", file=sys.stderr)
+            failed = True
             continue
         declared = cdm_manifest.find_entity(doc, entity.name)
         if declared is None:
@@ -84,7 +95,7 @@ def show_manifest(cfg: LakefeedConfig, only: list[str] | None, as_json: bool) ->
               f"lastChildFileModifiedTime {declared.get('lastChildFileModifiedTime', '–')}")
         if rows:
             print(_table(["location", "arguments", "lastFileModifiedTime"], rows))
-    return 0 if found else 1
+    return 0 if found and not failed else 1
 
 
 class Progress:

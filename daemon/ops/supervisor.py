@@ -47,7 +47,7 @@ from lakefeed.intake.s3_webhook import Webhooks
 from lakefeed.ops import priority, spark, status_api, writers
 from lakefeed.ops.compactions import Compactions
 from lakefeed.ops.metrics import Metrics
-from lakefeed.ops.notify import feed_watchdog, notify, watchdog_interval
+from lakefeed.ops.notify import notify, watchdog_fed, watchdog_interval
 from lakefeed.ops.runner import EntityRunner
 
 _log = log.get(__name__)
@@ -243,9 +243,11 @@ class Supervisor:
         for name, runner in list(self.runners.items()):
             if runner.error is None or not runner.terminal:
                 continue
-            if cdm_manifest.file_version(runner.cfg.manifest) != runner.failed_on:
-                _log.info("entity.reviving", entity=name, reason=f"{runner.cfg.manifest} changed")
-                self._restart(name)
+            where, version = runner.failed_on or (runner.cfg.manifest, None)
+            if cdm_manifest.file_version(where) != version:
+                _log.info("entity.reviving", entity=name, reason=f"{where} changed")
+                with watchdog_fed():  # its start may take a while; the other entities go on meanwhile
+                    self._restart(name)
 
     def _restart(self, name: str) -> None:
         entity = self.runners[name].cfg
@@ -306,19 +308,18 @@ class Supervisor:
             _log.error("reload.rejected", problems=len(exc.problems), reason="the running config is kept")
             notify(STATUS=self.status_line())
             return
+        except Exception as exc:  # noqa: BLE001 - a file nobody foresaw must not end the daemon that reads it
+            self.config_problems = [f"{self.config_path}: (config): could not be read: {type(exc).__name__}: {exc}"]
+            _log.exception("reload.failed", reason="the running config is kept")
+            notify(STATUS=self.status_line())
+            return
         notify(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
         # A reload waits for running batches (up to shutdown_timeout_s): it is progress, not a hang,
         # so the watchdog keeps being fed meanwhile.
-        done = threading.Event()
-        interval = watchdog_interval()
-        if interval:
-            threading.Thread(target=feed_watchdog, args=(done, interval), daemon=True).start()
         if self._watcher is not None:
             self._watcher.watch(new.described_by)
-        try:
+        with watchdog_fed():
             self._apply(new)
-        finally:
-            done.set()
         notify(READY="1", STATUS=self.status_line())
 
     def _apply(self, new: LakefeedConfig) -> None:
@@ -340,6 +341,10 @@ class Supervisor:
         changed = [n for n in changed if n not in in_place]
         for name in removed + changed:
             self._stop_entity(name)
+        for name in removed:
+            self.metrics.forget(name)
+        for name in changed + list(in_place):
+            self.metrics.forget(name, set(old[name].streams()) - set(wanted[name].streams()))
         if self.intake is not None:  # gone: their pushes get 404 now, not 503
             self.intake.resume([(n, p.name) for n in removed for p in old[n].push])
         if new.log_level != self.cfg.log_level:
