@@ -1,6 +1,7 @@
 """A full disk never costs an acknowledged record: on a small real tmpfs, the spool refuses what it cannot
 make durable (507, nothing acknowledged) and every 202 before it is read back whole, also after more
-frames were written once space came back."""
+frames were written once space came back. The file inbox likewise: a refused append is cut back and taken
+for new when offered again."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from lakefeed.config import model as config
+from lakefeed.inbox.files import LOG_NAME, FileEvent, Inbox, InboxReader
 from lakefeed.inbox.segments import SpoolWriteError
 from lakefeed.inbox.spool import Pending, Spool, SpoolReader, encode, read_entry
 from lakefeed.intake.http_server import HttpServer
@@ -69,6 +71,51 @@ def test_a_write_the_disk_cannot_take_is_refused_and_cut_back(small_disk):
     texts = [read_entry(small_disk / "spool", e).column("v")[0].as_py()[0] for e in entries]  # CRCs checked
     assert texts[0] == "a" and texts[-1] == "z" and len(texts) == len(acked)
     reopened.close()
+
+
+def _inbox_records(folder: Path) -> list[tuple[int, str, bool]]:
+    reader = InboxReader(folder)
+    return [(r.offset, r.path, r.removed) for r in reader.records(0, reader.refresh())]
+
+
+def test_an_inbox_append_the_disk_takes_only_part_of_is_refused_and_cut_back(small_disk):
+    """The disk takes part of an append (a short write): none of it is acknowledged or counts as seen, the torn
+    bytes are cut, and once there is room the same events are taken whole, readable and after a restart."""
+    inbox = Inbox(small_disk / "inbox")
+    first = inbox.offer([FileEvent("/landing/first.csv", 5, 1)])
+    log = small_disk / "inbox" / LOG_NAME
+    durable = log.stat().st_size
+    filler = _fill(small_disk, leave=0)  # the log's last page still has room for the start of the next append
+    events = [FileEvent(f"/landing/f{i:04d}.csv", 5, 2) for i in range(100)]
+    events.append(FileEvent("/landing/first.csv", 0, 3, removed=True))
+    with pytest.raises(SpoolWriteError) as refused:
+        inbox.offer(events)
+    assert refused.value.no_space and str(log) in str(refused.value)
+    assert log.stat().st_size == durable, "the torn bytes were cut back"
+    assert len(inbox) == 1 and inbox.present("/landing/first.csv")  # the refused removal is not taken either
+    filler.unlink()
+    taken = inbox.offer(events)  # the SQS redelivery, the next listing
+    assert [r.offset for r in taken] == list(range(1, 102))
+    assert _inbox_records(small_disk / "inbox") == [(r.offset, r.path, r.removed) for r in first + taken]
+    inbox.close()
+    reopened = Inbox(small_disk / "inbox")  # the daemon's restart
+    assert len(reopened) == 102 and reopened.offer(events) == [] and not reopened.present("/landing/first.csv")
+    reopened.close()
+
+
+def test_file_events_a_full_disk_refused_are_taken_when_offered_again(small_disk):
+    inbox = Inbox(small_disk / "inbox")  # an empty log: not a byte of room for it
+    filler = _fill(small_disk, leave=0)
+    landed = FileEvent("/landing/a.csv", 5, 123)
+    with pytest.raises(SpoolWriteError) as refused:
+        inbox.offer([landed])
+    assert refused.value.no_space
+    assert len(inbox) == 0 and not inbox.present(landed.path) and inbox.listed("/landing") == []
+    filler.unlink()
+    assert [r.offset for r in inbox.offer([landed])] == [0]  # not skipped as seen
+    assert inbox.offer([landed]) == []  # and then only once
+    assert _inbox_records(small_disk / "inbox") == [(0, "/landing/a.csv", False)]
+    inbox.close()
 
 
 def test_a_push_that_finds_the_disk_full_gets_507_and_every_202_survives(small_disk, tmp_path):

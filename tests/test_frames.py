@@ -74,3 +74,20 @@ def test_grouped_frames_give_the_rows_and_bad_rows_of_the_frame_by_frame_referen
     assert got.schema == want.schema
     assert got.to_pylist() == want.to_pylist()
     assert [(loc, b.line, b.reason) for loc, b in got_bad] == [(loc, b.line, b.reason) for loc, b in want_bad]
+
+
+def test_frames_that_add_a_column_with_other_types_settle_on_the_first_and_the_misfits_are_bad_rows(tmp_path):
+    """`"x": 1` in one push and `"x": "a"` in the next: no one type holds both, so the batch takes the first's
+    (int64), casts what fits it ("5") and hands on what does not ("a") as bad rows, with frame and line."""
+    cfg = config.load(write_config(tmp_path, [{"name": "orders", "cdc": {"strategy": "upsert", "primary_key": ["id"]},
+                                               "push": [{"name": "api", "tokens_sha256": ["0" * 64]}]}]))
+    cfg = cfg.entity("orders")
+    spool = Spool(cfg.spool("api"), segment_bytes=1 << 20, ttl_s=60)
+    tables = [pa.table({"id": [1]}), pa.table({"id": [2], "x": [1]}), pa.table({"id": [3, 4], "x": ["a", "5"]})]
+    entries = spool.append([Pending(encode(t), t.num_rows, None, None) for t in tables])
+    spool.close()
+    for target in (None, pa.schema([("id", pa.int64())])):
+        rows, bad = frames.rows_of(cfg, "api", entries, target, CHECKED_AT)
+        assert rows.schema.field("x").type == pa.int64()
+        assert [(r["id"], r["x"]) for r in rows.to_pylist()] == [(1, None), (2, 1), (4, 5)]
+        assert [(loc, b.line, b.field) for loc, b in bad] == [("push/api/2", 1, "x")]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
 
 
@@ -54,3 +56,17 @@ def test_reader_reads_incrementally_and_by_range(tmp_path):
     assert [r.offset for r in reader.records(3, 6)] == [3, 4, 5]
     assert reader.records(6, 6) == []
     assert reader.refresh() == 6
+
+
+def test_more_records_than_one_writev_takes_are_all_written(tmp_path):
+    """writev takes at most IOV_MAX (1024) buffers: a group commit of more pushes, or a long listing, is written
+    in several calls, all of it, and made durable once."""
+    from lakefeed.inbox.segments import write_durably
+
+    frames = [f"{i:05d}\n".encode() for i in range(3000)]
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT)
+    try:
+        write_durably(fd, frames, 0)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "log").read_bytes() == b"".join(frames)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -143,3 +146,43 @@ def test_deletions_are_removals_whether_watched_or_found_by_a_listing(source, tm
         assert restarted.reconcile() == 0  # nothing the listing would add or remove
     finally:
         restarted.stop()
+
+
+# Lists the landing folder (argv 1) into the inbox (argv 2) while its `sub` folder is readable, unreadable
+# (twice; b.csv deleted meanwhile), then readable again; prints what each listing enqueued.
+_LISTINGS_AROUND_A_CHMOD = """
+import json, os, sys
+from pathlib import Path
+from lakefeed import log
+from lakefeed.connectors.sources.local_dir import LocalDirSource
+from lakefeed.inbox.files import Inbox
+log.configure("INFO", json=True)
+root = Path(sys.argv[1])
+src = LocalDirSource("e", root, Inbox(Path(sys.argv[2])), reconcile_interval_s=3600)
+found = [src.reconcile()]
+os.chmod(root / "sub", 0)
+(root / "b.csv").unlink()
+found += [src.reconcile(), src.reconcile()]
+os.chmod(root / "sub", 0o755)
+found.append(src.reconcile())
+print(json.dumps(found))
+"""
+
+
+def test_a_folder_unreadable_for_a_while_is_neither_removed_nor_taken_again(tmp_path):
+    """Its files are unknown while it cannot be listed, not gone (a removal would have them taken again once
+    readable); a file really deleted meanwhile is still a removal, and the folder is logged once."""
+    landing = tmp_path / "landing"
+    (landing / "sub" / "deep").mkdir(parents=True)
+    for name in ("sub/a.csv", "sub/deep/c.csv", "b.csv"):
+        (landing / name).write_text("a\n1\n")
+    # As the service user: permissions hold (root's CAP_DAC_OVERRIDE would read a mode-000 folder).
+    run = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", sys.executable,
+                          "-c", _LISTINGS_AROUND_A_CHMOD, str(landing), str(tmp_path / "inbox")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [3, 1, 0, 0]
+    assert sorted((os.path.relpath(r.path, landing), r.removed) for r in _records(tmp_path / "inbox")) == [
+        ("b.csv", False), ("b.csv", True), ("sub/a.csv", False), ("sub/deep/c.csv", False)]
+    unlistable = [json.loads(line) for line in run.stderr.splitlines() if '"file.unlistable"' in line]
+    assert [e["file"] for e in unlistable] == [str(landing / "sub")]

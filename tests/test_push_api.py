@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
+import errno
+import gzip
 import http.client
 import io
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.errors import AnalysisException, PySparkTypeError
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from lakefeed.config import model as config
+from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
 from lakefeed.inbox.spool import Pending, Spool, SpoolEnd, SpoolReader, encode
 from lakefeed.intake import openapi
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.push_api import Endpoint, PushApi, token_hash
+from lakefeed.intake.s3_webhook import Webhooks
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.faults import data_fault, store_fault
 from lakefeed.pipeline.sinks import Sinks
@@ -436,3 +447,146 @@ def test_a_table_found_missing_is_retried_never_parked(make_api, monkeypatch, mi
     api.done.clear()  # the batch is replayed from the spool, as the runner's retry does
     api.ingest()
     assert [r["id"] for r in api.table()] == [1, 2]
+
+
+def _raw_request(api: Api, body: bytes, key: bytes, send: int) -> socket.socket:
+    """A request with an Idempotency-Key of raw bytes whose client sends the first `send` bytes of its body."""
+    conn = socket.create_connection((api.host, api.port))
+    conn.sendall(b"POST /v1/entities/orders/sources/api/records HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 b"t-orders\r\nContent-Type: application/json\r\nIdempotency-Key: " + key +
+                 b"\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:send])
+    return conn
+
+
+def test_retries_waiting_for_a_request_that_fails_store_the_records_once(make_api):
+    """The first request with a key stalls and its client goes away; of the two retries waiting for it, one
+    stores the records and the other is answered with that one's entry."""
+    api = make_api()
+    body = b'[{"id": 1, "v": "a"}]'
+    first = _raw_request(api, body, b"k1", send=5)
+    time.sleep(0.3)  # the first request holds the key
+    with ThreadPoolExecutor(2) as pool:
+        retries = [pool.submit(api.post, body, Idempotency_Key="k1") for _ in range(2)]
+        time.sleep(0.5)  # both wait for the first
+        first.close()
+        answers = sorted((r.result()[0], r.result()[1]["batch"], r.result()[1]["duplicate"]) for r in retries)
+    assert answers == [(202, 0, False), (202, 0, True)]
+    assert api.frames() == 1
+
+
+def test_an_idempotency_key_that_is_not_utf8_is_a_400_and_an_old_one_cannot_stop_the_spool_stream(make_api):
+    api = make_api()
+    conn = _raw_request(api, b'[{"id": 1}]', b"k\xff\xfe", send=11)
+    answer = conn.recv(10000)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 400") and b"must be UTF-8" in answer
+    assert api.frames() == 0
+    # A key an older intake stored: Spark gets it with its bad bytes replaced, not a UnicodeEncodeError.
+    folder = api.cfg.entity("orders").spool("api")
+    api.endpoints["orders"].spool.append([Pending(encode(pa.table({"id": [1]})), 1, "k\udcff\udcfe", None)])
+    reader = SpoolDataSource({"path": str(folder)}).streamReader(None)
+    start = reader.initialOffset()
+    rows = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))[0].rows
+    keys = pa.array([row[6] for row in rows], pa.string())  # as Spark's Arrow conversion does
+    assert keys.to_pylist() == ["k\ufffd\ufffd"]
+
+
+def test_a_segment_that_cannot_be_created_is_a_507_and_appends_work_once_there_is_space(make_api, monkeypatch):
+    api = make_api(segment_bytes=1)  # every request starts a segment
+    assert api.post(b'[{"id": 1}]')[0] == 202
+    real_open = os.open
+
+    def full(path, flags, *args):
+        if str(path).endswith(".spool") and flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", full)
+    status, answer, headers = api.post(b'[{"id": 2}]')
+    assert status == 507 and "nothing was stored" in answer["error"] and headers["Retry-After"]
+    monkeypatch.undo()
+    assert [api.post(json.dumps([{"id": n}]).encode())[:2][1]["batch"] for n in (3, 4)] == [1, 2]
+    api.ingest()
+    assert [r["id"] for r in api.table()] == [1, 3, 4]
+
+
+def test_decompression_bombs_of_arrow_and_parquet_are_413(make_api):
+    api = make_api(http={"max_body_bytes": 65536})
+    zeros = pa.table({"id": pa.array(np.zeros(2_000_000, dtype=np.int64))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, zeros.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(zeros)
+    parquet = io.BytesIO()
+    pq.write_table(zeros, parquet, compression="zstd")
+    for body, kind in ((sink.getvalue().to_pybytes(), "arrow.stream"), (parquet.getvalue(), "parquet")):
+        assert len(body) < 65536
+        status, answer, _ = api.post(body, f"application/vnd.apache.{kind}")
+        assert status == 413 and "decodes to more than 8 × 65536 bytes" in answer["error"], answer
+    assert api.frames() == 0
+    assert api.post(_arrow([{"id": 1}]), "application/vnd.apache.arrow.stream")[0] == 202
+
+
+def test_gzip_members_are_all_decoded_and_cut_or_trailed_streams_are_400(make_api):
+    api = make_api()
+    members = gzip.compress(b'{"id": 1}\n{"id": 2}\n') + gzip.compress(b'{"id": 3}\n')
+    assert api.post(members, "application/x-ndjson", Content_Encoding="gzip")[1]["records"] == 3
+    whole = gzip.compress(b'{"id": 4}\n' * 50)
+    for body, says in ((whole[:-12], "cut short"), (whole + b"GARBAGE", "7 bytes follow the end")):
+        status, answer, _ = api.post(body, "application/x-ndjson", Content_Encoding="gzip")
+        assert status == 400 and says in answer["error"]
+    assert api.frames() == 1
+
+
+def test_csv_with_a_bom_keeps_its_first_column_and_unreadable_headers_are_400(make_api):
+    api = make_api()
+    assert api.post(b'[{"code": "x", "id": 1}]')[0] == 202
+    api.ingest()  # code is a string column
+    assert api.post(b"\xef\xbb\xbfcode,id\n007,2\n", "text/csv")[0] == 202
+    api.ingest()
+    assert [r["code"] for r in api.table()] == ["x", "007"]
+    for body in (b"code,id\r007,3\r", b"id," + b"v" * 200_000 + b"\n1,2\n"):
+        status, answer, _ = api.post(body, "text/csv")
+        assert status == 400 and "the CSV header cannot be read" in answer["error"]
+
+
+def test_what_no_table_can_take_is_a_400_naming_the_column(make_api):
+    api = make_api()
+    cases = {
+        "id": [pa.array([[1]]), pa.array([{"a": 1}]), pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64())),
+               pa.array(["a"]).dictionary_encode(), pa.array([float("nan")])],
+        "c": [pa.RunEndEncodedArray.from_arrays(pa.array([1], pa.int32()), pa.array(["x"])),
+              pa.array([uuid.uuid4().bytes], pa.uuid()), pa.array(['{"a": 1}'], pa.json_()),
+              pa.StructArray.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]),
+              pa.array([2**31 - 1], pa.date32()), pa.array([-62167219200 - 86400 * 400], pa.timestamp("s"))],
+    }
+    for name, columns in cases.items():
+        for column in columns:
+            table = pa.table({"id": pa.array([1]), "c": column}) if name == "c" else pa.table({"id": column})
+            status, answer, _ = api.post(encode(table), "application/vnd.apache.arrow.stream")
+            assert status == 400 and {p["field"] for p in answer["problems"]} == {name}, (column.type, answer)
+    assert api.post(b'[{"id": NaN}]')[0] == 400  # also on the fast path of small JSON requests
+    assert api.frames() == 0
+
+
+def test_unreadable_webhook_bodies_are_400(make_api):
+    api = make_api()
+    hooks = Webhooks()
+    aside: list[str] = []
+    landing = SimpleNamespace(entity="orders", scope=None, set_aside=lambda *args: aside.append(args[1]),
+                              deliver=lambda events: len(events))
+    hooks.attach(landing, SimpleNamespace(tokens_sha256=(token_hash("t"),)), SimpleNamespace())
+    server = HttpServer(api.cfg.http, hooks.routes())
+    host, port = server.start().split("://")[1].split(":")
+    try:
+        for body in (b"[" * 100_000 + b"]" * 100_000, b'{"Records": [{"x": ' + b"9" * 5000 + b"}]}"):
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("POST", "/v1/entities/orders/notifications", body, {"Authorization": "Bearer t"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())
+            conn.close()
+            # The parser may set such a body aside itself (200, "rejected"); what it raises is a 400, never a 500.
+            assert (resp.status, answer.get("rejected")) == (200, 1) if aside else \
+                resp.status == 400 and "nothing was stored" in answer["error"], answer
+            aside.clear()
+    finally:
+        server.stop()

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from lakefeed.batch.read import from_rows
 from lakefeed.config import model as config_module
+from lakefeed.inbox.spool import Pending, Spool, encode
 from lakefeed.intake.push_api import token_hash
 from lakefeed.pipeline.verify import verify
 from tests.conftest import alive, wait_for, write_config, writers_of
@@ -233,3 +235,25 @@ def _assert_own_session(intake: int, daemon: int) -> None:
     assert os.getsid(intake) == intake and os.getsid(daemon) == daemon
     assert _autogroup(daemon)[1] == 10 and _autogroup(intake)[1] == 0
     assert _autogroup(intake)[0] != _autogroup(daemon)[0]
+
+
+def test_pushes_adding_a_column_with_other_types_in_one_batch_commit_and_park_the_misfit(push_daemon):
+    """`"x": 1` and `"x": "a"` acknowledged into one micro-batch (the table has no x yet; the frames are put in
+    the spool while the daemon is stopped, as the intake would have): the batch settles on int64, commits
+    what fits and quarantines the row that does not, and the stream goes on."""
+    tmp_path, config, daemon = push_daemon
+    table = tmp_path / "lake" / "events" / "table"
+    daemon.start()
+    _post(_url(tmp_path), [{"id": 1}])
+    wait_for(lambda: _ids(table) == [1], 120, 0.3, "the first record")
+    daemon.stop()
+    cfg = config_module.load(config).entities[0]
+    spool = Spool(cfg.spool("api"), 64 << 20, 3600)
+    spool.append([Pending(encode(from_rows(rows)), len(rows), None, None)
+                  for rows in ([{"id": 2, "x": 1}], [{"id": 3, "x": "a"}], [{"id": 4}])])
+    spool.close()
+    daemon.start()
+    wait_for(lambda: sorted(_ids(table)) == [1, 2, 4], 60, 0.3, "the rows that fit")
+    parked = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
+    assert [json.loads(q["raw"])["id"] for q in parked] == ["3"] and "not a valid int64" in parked[0]["reason"]
+    daemon.stop()

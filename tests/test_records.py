@@ -24,6 +24,7 @@ from tests.conftest import write_config
 TYPES = [pa.int64(), pa.int32(), pa.int8(), pa.float64(), pa.string(), pa.bool_(), pa.timestamp("us", tz="UTC"),
          pa.date32()]
 NAMES = ["id", "a", "b", "c"]
+LIMIT = 1 << 20
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.integers(-200, 200),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6), st.sampled_from(["12", "2.5", "true"]),
@@ -96,8 +97,8 @@ def test_the_fast_path_agrees_with_decoding_and_conforming(tmp_path, case):
     target, rows, key, time_column = case
     cfg = _cfg(tmp_path, key, time_column)
     body = json.dumps(rows).encode()
-    fast = _outcome(lambda: accept(body, "application/json", cfg, target))
-    general = _outcome(lambda: validate(decode(body, "application/json", target), cfg, target))
+    fast = _outcome(lambda: accept(body, "application/json", cfg, target, LIMIT))
+    general = _outcome(lambda: validate(decode(body, "application/json", target, LIMIT), cfg, target))
     assert fast == general
 
 
@@ -118,10 +119,10 @@ def test_plain_requests_take_the_fast_path_and_the_rest_do_not(tmp_path):
 def test_keys_missing_from_the_first_record_are_stored_and_huge_ints_are_a_400(tmp_path):
     cfg = _cfg(tmp_path, [], None)
     body = json.dumps([{"id": 1}, {"id": 2, "a": "x"}]).encode()
-    assert accept(body, "application/json", cfg, None).to_pylist() == [{"id": 1, "a": None}, {"id": 2, "a": "x"}]
+    assert accept(body, "application/json", cfg, None, LIMIT).to_pylist() == [{"id": 1, "a": None}, {"id": 2, "a": "x"}]
     target = pa.schema([pa.field("id", pa.int64())])
     try:
-        accept(json.dumps([{"id": 1 << 70}]).encode(), "application/json", cfg, target)
+        accept(json.dumps([{"id": 1 << 70}]).encode(), "application/json", cfg, target, LIMIT)
     except Rejected as exc:
         assert exc.status == 400 and [(p.row, p.field) for p in exc.problems] == [(1, "id")]
     else:

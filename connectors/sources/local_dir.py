@@ -36,6 +36,7 @@ from watchdog.observers import Observer
 
 from lakefeed import log
 from lakefeed.connectors.sources.base import Source
+from lakefeed.errors import TransientError
 from lakefeed.inbox.files import FileEvent, Inbox, not_regular
 
 _IGNORED_SUFFIXES = (".tmp", ".temp", ".partial", "._COPYING_", ".crc", ".cdm.json")
@@ -126,6 +127,8 @@ class LocalDirSource(Source):
         self._quiet_s = quiet_s
         self._settle_s = settle_s
         self._pending: dict[str, float] = {}  # path -> when it is due for a look
+        self._blocked: set[str] = set()  # what the last listing could not look at
+        self._reported: set[str] = set()  # what was logged as unlistable (again only after it could be looked at)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._observer = Observer()
@@ -158,10 +161,32 @@ class LocalDirSource(Source):
                 self._pending[path] = time.monotonic() + self._quiet_s
 
     def _gone(self, path: str) -> FileEvent | None:
-        """The removal of a file that is gone, if the inbox holds it."""
-        if os.path.lexists(path) or not self._inbox.present(shown(path)):
+        """The removal of a file that is gone, if the inbox holds it. A path that cannot be looked at (a folder on
+        the way that may not be read) is not gone: its removal would have the file taken again once it can be."""
+        try:
+            os.lstat(path)
+            return None
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            self._unlistable(path, exc)
+            return None
+        if not self._inbox.present(shown(path)):
             return None
         return FileEvent(shown(path), 0, time.time_ns(), removed=True)
+
+    def _unlistable(self, path: str, exc: OSError) -> None:
+        """A path that cannot be looked at is neither taken nor removed until it can; said once, not per listing."""
+        self._blocked.add(path)
+        if path not in self._reported:
+            self._reported.add(path)
+            _log.warning("file.unlistable", entity=self.entity, file=os.fsencode(path).decode("utf-8", "replace"),
+                         error=str(exc))
+
+    def _unreadable_folder(self, exc: OSError) -> None:
+        """os.walk could not list a folder: what the inbox holds under it is unknown, not gone."""
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # removed while listed: its files are gone
+            self._unlistable(str(exc.filename), exc)
 
     def _look(self, path: str) -> FileEvent | None:
         """The file if nobody writes it, or its removal; None if still written, or it must settle longer."""
@@ -170,8 +195,7 @@ class LocalDirSource(Source):
         except FileNotFoundError:
             return self._gone(path)
         except OSError as exc:  # e.g. a name too long, a folder on the way that may not be read
-            _log.warning("file.unlistable", entity=self.entity, file=os.fsencode(path).decode("utf-8", "replace"),
-                         error=str(exc))
+            self._unlistable(path, exc)
             return None
         if event.problem:
             return event  # taken as it is, for the quarantine
@@ -226,7 +250,11 @@ class LocalDirSource(Source):
         self._observer.schedule(_Handler(self), str(self.root), recursive=True)
         self._observer.start()
         # After the observer is watching, so a file landing now is seen by one or the other.
-        found = self.reconcile()
+        try:
+            found = self.reconcile()
+        except TransientError as exc:  # e.g. the inbox's disk is full: the next listing takes what this one found
+            _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
+            found = 0
         _log.info("source.started", entity=self.entity, root=str(self.root), backlog_found=found)
         self._thread.start()
 
@@ -234,7 +262,8 @@ class LocalDirSource(Source):
         """Enqueue finished files the inbox has not seen (files still being written wait for their close), and
         the removal of files it holds that are gone."""
         finished, there = [], set()
-        for folder, dirs, files in os.walk(self.root):
+        self._blocked = set()
+        for folder, dirs, files in os.walk(self.root, onerror=self._unreadable_folder):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
             for name in files:
                 path = os.path.join(folder, name)
@@ -242,8 +271,11 @@ class LocalDirSource(Source):
                 if self._wanted(path) and (event := self._look(path)) is not None:
                     finished.append(event)
         finished.sort(key=lambda e: (e.mtime_ns, e.path))
-        missing = sorted(p for p in self._inbox.listed(str(self.root)) if p not in there and self._wanted(p))
+        unknown = tuple(shown(folder) + os.sep for folder in self._blocked)
+        missing = sorted(p for p in self._inbox.listed(str(self.root))
+                         if p not in there and self._wanted(p) and not p.startswith(unknown))
         gone = [e for e in map(self._gone, missing) if e is not None]
+        self._reported &= self._blocked  # what could be looked at again is said again should that change
         return self._offer(finished + gone)
 
     def failure(self) -> str | None:
@@ -267,7 +299,7 @@ class LocalDirSource(Source):
             next_listing = time.monotonic() + self._interval
             try:
                 found = self.reconcile()
-            except OSError as exc:
+            except (OSError, TransientError) as exc:  # e.g. the inbox's disk is full: the next listing tries again
                 _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
                 continue
             if found:

@@ -9,6 +9,7 @@ reads the records from the spool in the driver. Admission control caps a micro-b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -16,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from lakefeed.connectors.streams.inbox_stream import Slice, SliceReader
-from lakefeed.inbox.spool import SPARK_SCHEMA, SpoolReader
+from lakefeed.inbox.spool import SPARK_SCHEMA, Entry, SpoolReader
 
 FORMAT = "lakefeed_spool"
 
@@ -65,4 +66,13 @@ class _SpoolStreamReader(SliceReader):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         self._spool.forget(start["offset"])
         entries = self._spool.entries(start["offset"], end["offset"])
-        return [Slice([e.as_tuple() for e in entries])] if entries else []
+        return [Slice([_row(e) for e in entries])] if entries else []
+
+
+def _row(entry: Entry) -> tuple:
+    """The entry as Spark's row. Spark encodes strings as UTF-8: a key an older intake stored with bytes that are
+    not (surrogate-escaped by aiohttp) would fail every replay of the batch, so its bad bytes are replaced."""
+    if entry.key is None:
+        return entry.as_tuple()
+    key = entry.key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return replace(entry, key=key).as_tuple()

@@ -34,6 +34,18 @@ def rows_of(cfg: EntityConfig, stream: str, entries: Sequence[Entry], target: pa
         first = conform(tables[0], None).table
         assert first is not None
         target = first.schema
+    out, bad = _groups(cfg, stream, entries, tables, target, checked_at)
+    try:
+        return pa.concat_tables(out, promote_options="permissive"), bad
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Frames gave a new column types no one type holds (`"x": 1` in one, `"x": "a"` in another): the batch
+        # settles on the type the first of them gave, and rows that do not fit it go to quarantine.
+        out, bad = _groups(cfg, stream, entries, tables, _settled(tables, target), checked_at)
+        return pa.concat_tables(out, promote_options="permissive"), bad
+
+
+def _groups(cfg: EntityConfig, stream: str, entries: Sequence[Entry], tables: Sequence[pa.Table],
+            target: pa.Schema | None, checked_at: datetime) -> tuple[list[pa.Table], list[tuple[str, BadRow]]]:
     out, bad = [], []
     start = 0
     for stop in range(1, len(entries) + 1):
@@ -44,7 +56,21 @@ def rows_of(cfg: EntityConfig, stream: str, entries: Sequence[Entry], target: pa
         out.append(rows)
         bad.extend(rows_bad)
         start = stop
-    return pa.concat_tables(out, promote_options="permissive"), bad
+    return out, bad
+
+
+def _settled(tables: Sequence[pa.Table], target: pa.Schema | None) -> pa.Schema:
+    """`target` with each new column of the frames, typed as the first frame that has it (conformed) gives it."""
+    fields = list(target or [])
+    for table in tables:
+        known = {f.name for f in fields}
+        if known.issuperset(table.column_names):
+            continue
+        conformed = conform(table, None).table
+        if conformed is None:
+            continue  # a column named twice: `_group` parks the frame's rows with the reason
+        fields += [f for f in conformed.schema if f.name not in known]
+    return pa.schema(fields)
 
 
 def _group_key(cfg: EntityConfig, entry: Entry, table: pa.Table) -> tuple:

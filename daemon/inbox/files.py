@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakefeed import clock
+from lakefeed.inbox.segments import write_durably
 
 LOG_NAME = "inbox.log"
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
@@ -102,6 +103,7 @@ class Inbox:
         self._seen: set[tuple[str, int, int, str, bool]] = set()
         self._removed: dict[str, bool] = {}  # path -> whether its last record is a removal
         self._count = 0
+        self._bytes = 0  # the log's durable length: a failed append is cut back to it
         self._repair_and_load()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -120,6 +122,7 @@ class Inbox:
             self._seen.add(rec.identity)
             self._removed[rec.path] = rec.removed
         self._count = complete.count(b"\n")
+        self._bytes = len(complete)
 
     def present(self, path: str) -> bool:
         """Whether the path's last record says the file is there."""
@@ -133,25 +136,39 @@ class Inbox:
             return [p for p, removed in self._removed.items() if not removed and p.startswith(prefix)]
 
     def offer(self, events: Iterable[FileEvent]) -> list[InboxRecord]:
-        """Append the events not seen before, durably (one fsync), and return their records."""
+        """Append the events not seen before, durably (one fsync), and return their records.
+
+        Raises SpoolWriteError (transient) when they could not be made durable (disk full, I/O error): the log is
+        cut back and none of them counts as seen, so the next listing, notification or redelivery offers them again.
+        """
         with self._lock:
-            added: list[InboxRecord] = []
-            lines = []
-            stamp = clock.to_cdm(clock.now())
-            for ev in events:
-                if ev.identity in self._seen and (ev.removed or not self._removed.get(ev.path)):
-                    continue  # seen (a removal seen again is a duplicate; a file back after its removal is not)
-                rec = InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag, ev.removed,
-                                  ev.problem)
-                lines.append(_line(rec))
-                added.append(rec)
-                self._seen.add(ev.identity)
-                self._removed[ev.path] = ev.removed
-            if lines:
-                os.write(self._fd, ("\n".join(lines) + "\n").encode())
-                os.fsync(self._fd)
-                self._count += len(added)
+            added = self._unseen(events)
+            if not added:
+                return added
+            data = "".join(_line(rec) + "\n" for rec in added).encode()
+            write_durably(self._fd, [data], self._bytes, what=f"the inbox {self.path}")
+            self._bytes += len(data)
+            self._count += len(added)
+            for rec in added:
+                self._seen.add(rec.identity)
+                self._removed[rec.path] = rec.removed
             return added
+
+    def _unseen(self, events: Iterable[FileEvent]) -> list[InboxRecord]:
+        """Records for the events not seen before, in order; the inbox's state changes only once they are durable."""
+        stamp = clock.to_cdm(clock.now())
+        seen: set[tuple[str, int, int, str, bool]] = set()
+        removed: dict[str, bool] = {}  # this call's events over the inbox's: path -> whether the last is a removal
+        added: list[InboxRecord] = []
+        for ev in events:
+            was_removed = removed[ev.path] if ev.path in removed else self._removed.get(ev.path)
+            if (ev.identity in seen or ev.identity in self._seen) and (ev.removed or not was_removed):
+                continue  # seen (a removal seen again is a duplicate; a file back after its removal is not)
+            added.append(InboxRecord(self._count + len(added), ev.path, ev.size, ev.mtime_ns, stamp, ev.etag,
+                                     ev.removed, ev.problem))
+            seen.add(ev.identity)
+            removed[ev.path] = ev.removed
+        return added
 
     def __len__(self) -> int:
         return self._count
@@ -159,6 +176,7 @@ class Inbox:
     def close(self) -> None:
         with self._lock:
             os.close(self._fd)
+            self._fd = -1  # an offer after close fails (EBADF) rather than cut a file that reused the number
 
 
 class InboxReader:

@@ -12,6 +12,7 @@ from lakefeed import log
 from lakefeed.errors import TerminalError, TransientError
 
 _log = log.get(__name__)
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 
 class SpoolWriteError(TransientError):
@@ -23,30 +24,36 @@ class SpoolWriteError(TransientError):
         self.no_space = no_space
 
 
-def write_durably(fd: int, frames: list[bytes], start: int, end: int) -> None:
-    """Append `frames` (the segment holds `start` durable bytes; it must hold `end` after) and fsync.
+def write_durably(fd: int, frames: list[bytes], start: int, what: str = "the spool") -> None:
+    """Append `frames` to a file that holds `start` durable bytes, and fsync.
 
-    A short write is continued; a failure cuts the segment back to `start` and raises SpoolWriteError.
-    Bytes a failed write or fsync left behind (the cut itself may have failed) are cut before writing."""
+    A short write is continued; a failure cuts the file back to `start` and raises SpoolWriteError (`what`
+    names the file in its message). Bytes a failed write or fsync left behind (the cut itself may have
+    failed) are cut before writing."""
     try:
         if os.fstat(fd).st_size != start:
             os.ftruncate(fd, start)
-        written = os.writev(fd, frames)
-        if written < end - start:
-            rest = memoryview(b"".join(frames))[written:]
-            while rest:
-                n = os.write(fd, rest)
-                if n == 0:
-                    raise OSError(errno.ENOSPC, "the disk took no more bytes")
-                rest = rest[n:]
+        for first in range(0, len(frames), _IOV_MAX):  # writev takes at most IOV_MAX buffers a call
+            _write_all(fd, frames[first:first + _IOV_MAX])
         os.fsync(fd)
     except OSError as exc:
         try:
             os.ftruncate(fd, start)
         except OSError as cut:
-            _log.error("spool.cut_failed", error=str(cut))  # cut again before the next write
+            _log.error("spool.cut_failed", file=what, error=str(cut))  # cut again before the next write
         no_space = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise SpoolWriteError(f"the spool could not store the records: {exc.strerror or exc}", no_space) from exc
+        raise SpoolWriteError(f"{what} could not store the records: {exc.strerror or exc}", no_space) from exc
+
+
+def _write_all(fd: int, frames: list[bytes]) -> None:
+    written = os.writev(fd, frames)
+    if written < sum(map(len, frames)):
+        rest = memoryview(b"".join(frames))[written:]
+        while rest:
+            n = os.write(fd, rest)
+            if n == 0:
+                raise OSError(errno.ENOSPC, "the disk took no more bytes")
+            rest = rest[n:]
 
 
 def hold(path: Path, timeout_s: float) -> int:

@@ -15,6 +15,7 @@ header (JSON: offset, rows, received time, idempotency key, event time), the bod
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -27,7 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from lakefeed import clock, log
-from lakefeed.inbox.segments import hold, write_durably
+from lakefeed.inbox.segments import SpoolWriteError, hold, write_durably
 
 MAGIC = b"LFS1"
 _HEAD = struct.Struct(">4sIQI")
@@ -214,7 +215,7 @@ class Spool:
             entries.append(_entry(name, position, len(frame), header))
             frames.append(frame)
             position += len(frame)
-        write_durably(fd, frames, start, position)
+        write_durably(fd, frames, start)
         with self._lock:
             self._bytes += position - self._sizes[name][1]
             self._sizes[name] = (first, position)
@@ -230,16 +231,27 @@ class Spool:
         self._segment_keys.setdefault(entry.segment, []).append(entry)
 
     def _rotate(self) -> None:
+        """Start the next segment. Nothing changes unless it is created and its name made durable: a full disk
+        is a SpoolWriteError (the request a 507), and the next append tries again."""
+        path = self.folder / f"{self._next:020d}{SUFFIX}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        except OSError as exc:
+            raise _write_error(exc) from exc
+        try:
+            size = os.fstat(fd).st_size
+            dir_fd = os.open(self.folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the new segment's name is durable before anything in it is acknowledged
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            os.close(fd)
+            raise _write_error(exc) from exc
         if self._fd is not None:
             os.close(self._fd)
-        self._current = self.folder / f"{self._next:020d}{SUFFIX}"
-        self._fd = os.open(self._current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        self._sizes.setdefault(self._current.name, (self._next, self._current.stat().st_size))
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the new segment's name is durable before anything in it is acknowledged
-        finally:
-            os.close(dir_fd)
+        self._current, self._fd = path, fd
+        self._sizes.setdefault(path.name, (self._next, size))
 
     def release(self, below: int) -> int:
         """Delete segments whose frames all have offsets below `below`; return how many.
@@ -285,6 +297,11 @@ class Spool:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
+
+
+def _write_error(exc: OSError) -> SpoolWriteError:
+    no_space = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return SpoolWriteError(f"the spool could not start a segment: {exc.strerror or exc}", no_space)
 
 
 def _entry(segment: str, position: int, length: int, head: dict) -> Entry:

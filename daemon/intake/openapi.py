@@ -49,7 +49,7 @@ def document() -> dict[str, Any]:
                     {"name": "source", "in": "path", "required": True, "schema": {"type": "string"}},
                     {"name": "Idempotency-Key", "in": "header", "required": False,
                      "schema": {"type": "string", "minLength": 1, "maxLength": 256},
-                     "description": "A retry with the same key is acknowledged again, stored once."},
+                     "description": "UTF-8 text. A retry with the same key is acknowledged again, stored once."},
                     {"name": "Event-Time", "in": "header", "required": False,
                      "schema": {"type": "string", "format": "date-time"},
                      "description": "Event time of every record (when event_time.source is system)."},
@@ -64,7 +64,7 @@ def document() -> dict[str, Any]:
                     "403": _error("The token belongs to another source"),
                     "404": _error("Unknown entity or source"),
                     "413": _error("Body larger than http.max_body_bytes, also once inflated (Content-Encoding "
-                                  "gzip or deflate)"),
+                                  "gzip or deflate); a Parquet or Arrow body decoding to more than 8 times it"),
                     "415": _error("Unsupported Content-Type"),
                     "429": _error("Rate limit of the source exceeded", retry_after=True),
                     "503": _error("Spool full (ingestion behind), daemon starting or stopping, or the spool could "

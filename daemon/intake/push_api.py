@@ -81,11 +81,12 @@ class Endpoint:
         return cls(cfg, source, table_schema, spool, GroupCommit(spool, source.spool_max_bytes), limiter)
 
     def prepare(self, body: bytes, content_type: str, key: str | None, event_time: str | None,
-                encoding: str | None = None, limit: int = 0) -> Pending:
-        """Inflate, decode and validate (in a worker thread); Rejected when the request cannot be stored."""
+                encoding: str | None, limit: int) -> Pending:
+        """Inflate, decode and validate (in a worker thread); Rejected when the request cannot be stored.
+        `limit`: http.max_body_bytes, which bounds what the body inflates and decodes to."""
         body = inflate(body, encoding, limit)
         target = self.table_schema() or self.first_schema
-        table = accept(body, content_type, self.cfg, target)
+        table = accept(body, content_type, self.cfg, target, limit)
         if target is None:
             # Until the table exists, the first accepted request's types are the ones later requests must fit.
             with self.lock:
@@ -198,37 +199,40 @@ class PushApi:
         except Rejected as exc:
             raise _error(exc.status, exc.message) from exc
         event_time = _event_time(request.headers.get("Event-Time"))
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not (0 < len(key) <= 256):
-            raise _error(400, "Idempotency-Key must be 1 to 256 characters")
-        if key is not None:
-            prior = await self._prior(endpoint, target, key)
-            if prior is not None:
-                return _accepted(target, prior, duplicate=True)
-        inflight: asyncio.Future[Entry | None] | None = None
-        if key is not None:
-            inflight = asyncio.get_running_loop().create_future()
-            self._inflight[(*target, key)] = inflight
+        key = _idempotency_key(request.headers.get("Idempotency-Key"))
+        if key is None:
+            return _accepted(target, await self._store(request, endpoint, key, event_time), duplicate=False)
+        prior, inflight = await self._claim(endpoint, target, key)
+        if prior is not None:
+            return _accepted(target, prior, duplicate=True)
+        assert inflight is not None
         try:
             entry = await self._store(request, endpoint, key, event_time)
         except BaseException:
-            if inflight is not None:
-                inflight.set_result(None)  # a retry with the key does the work itself
+            inflight.set_result(None)  # one of the requests waiting with this key takes over
             raise
         finally:
-            if key is not None:
-                self._inflight.pop((*target, key), None)
-        if inflight is not None:
-            inflight.set_result(entry)
+            del self._inflight[(*target, key)]
+        inflight.set_result(entry)
         return _accepted(target, entry, duplicate=False)
 
-    async def _prior(self, endpoint: Endpoint, target: tuple[str, str], key: str) -> Entry | None:
-        running = self._inflight.get((*target, key))
-        if running is not None:
+    async def _claim(self, endpoint: Endpoint, target: tuple[str, str],
+                     key: str) -> tuple[Entry | None, asyncio.Future[Entry | None] | None]:
+        """(the first request's entry, None) for a key seen before, else (None, a future this request owns).
+
+        One request per key is in flight: the others wait for it. When it fails (its client gone, its body
+        rejected) the first waiter to run claims the key in turn and the rest wait for that one, so the
+        records of a key are stored once however many retries overlap."""
+        while (running := self._inflight.get((*target, key))) is not None:
             entry = await asyncio.shield(running)
             if entry is not None:
-                return entry
-        return endpoint.spool.known(key)
+                return entry, None
+        entry = endpoint.spool.known(key)  # (also a frame made durable for a request cancelled meanwhile)
+        if entry is not None:
+            return entry, None
+        inflight: asyncio.Future[Entry | None] = asyncio.get_running_loop().create_future()
+        self._inflight[(*target, key)] = inflight
+        return None, inflight
 
     async def _store(self, request: web.Request, endpoint: Endpoint, key: str | None,
                      event_time: str | None) -> Entry:
@@ -236,7 +240,7 @@ class PushApi:
         try:
             encoding = request.headers.get("Content-Encoding")
             if len(body) <= INLINE_BYTES and not encoding:
-                pending = endpoint.prepare(body, request.content_type, key, event_time)
+                pending = endpoint.prepare(body, request.content_type, key, event_time, None, self.max_body_bytes)
             else:
                 pending = await asyncio.get_running_loop().run_in_executor(
                     self._decoders, endpoint.prepare, body, request.content_type, key, event_time, encoding,
@@ -258,6 +262,20 @@ class PushApi:
 
 async def _only_post(request: web.Request) -> web.Response:
     raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    """The key, if it is one the spool and Spark can store (aiohttp hands other bytes on surrogate-escaped)."""
+    if value is None:
+        return None
+    if not 0 < len(value) <= 256:
+        raise _error(400, "Idempotency-Key must be 1 to 256 characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _error(400, "Idempotency-Key must be UTF-8 text (a UUID, say); this one holds bytes that are "
+                          "not UTF-8") from exc
+    return value
 
 
 def _event_time(value: str | None) -> str | None:

@@ -8,24 +8,28 @@ request with any problem is rejected whole: nothing of it is stored.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import ctypes
 import io
 import json
+import struct
 import zlib
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from lakefeed import clock
 from lakefeed.batch import event_time
 from lakefeed.batch.admit import PARSER_DEPTH, schema_problems, too_deep, utf8_problem
 from lakefeed.batch.read import BadRow, conform, from_rows, json_options
 from lakefeed.config.model import EntityConfig
+from lakefeed.intake import columnar
 
 MAX_PROBLEMS = 100
 _LIBC = ctypes.CDLL(None)  # malloc_trim: glibc, the only libc lakefeed runs on (Linux, systemd)
@@ -77,19 +81,36 @@ def inflate(body: bytes, encoding: str | None, limit: int) -> bytes:
     for coding in reversed([c for c in codings if c and c != "identity"]):
         if coding not in ("gzip", "x-gzip", "deflate"):
             raise Rejected(415, f"Content-Encoding {coding!r} is not supported; send gzip, deflate or none")
-        # gzip: a gzip header; deflate: a zlib header, or (as some clients send it) raw deflate
-        wbits = 16 + zlib.MAX_WBITS if "gzip" in coding else zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
+        if body:  # (an empty body is answered as such)
+            body = _inflate(body, coding, limit)
+    return body
+
+
+def _inflate(body: bytes, coding: str, limit: int) -> bytes:
+    """One coding undone. gzip may hold several members, one after another (RFC 1952): each is inflated. A
+    stream cut short, or bytes after its end, is a 400: what the producer meant cannot be known."""
+    gzip = "gzip" in coding
+    # gzip: a gzip header; deflate: a zlib header, or (as some clients send it) raw deflate
+    wbits = 16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
+    parts: list[bytes] = []
+    size, rest = 0, body
+    while rest:
         inflater = zlib.decompressobj(wbits)
         try:
-            out = inflater.decompress(body, limit + 1)
+            parts.append(inflater.decompress(rest, limit + 1 - size))
         except zlib.error as exc:
             raise Rejected(400, f"the body is not valid {coding}: {exc}") from exc
-        if len(out) > limit or inflater.unconsumed_tail:
-            del out
+        size += len(parts[-1])
+        if size > limit or inflater.unconsumed_tail:
+            del parts
             _LIBC.malloc_trim(0)  # glibc keeps the freed inflate buffers otherwise: each bomb would grow the process
             raise Rejected(413, f"the body inflates to more than {limit} bytes (http.max_body_bytes)")
-        body = out
-    return body
+        if not inflater.eof:
+            raise Rejected(400, f"the body is not valid {coding}: the stream is cut short; send all of it")
+        rest = inflater.unused_data
+        if rest and not (gzip and rest[:2] == b"\x1f\x8b"):
+            raise Rejected(400, f"the body is not valid {coding}: {len(rest)} bytes follow the end of the stream")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def kind_of(content_type: str) -> str:
@@ -99,8 +120,9 @@ def kind_of(content_type: str) -> str:
     return kind
 
 
-def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table:
-    """The body as a table (not yet conformed), or Rejected."""
+def decode(body: bytes, content_type: str, target: pa.Schema | None, limit: int) -> pa.Table:
+    """The body as a table (not yet conformed), or Rejected; Parquet and Arrow bodies may decode to
+    `columnar.DECODED_FACTOR` × `limit` (http.max_body_bytes) bytes, else 413."""
     kind = kind_of(content_type)
     if not body:
         raise Rejected(400, "the request body is empty")
@@ -117,22 +139,27 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None) -> pa.Table
         if kind == "csv":
             return _csv(body, target)
         if kind == "parquet":
-            return pq.read_table(pa.BufferReader(body))
-        return pa.ipc.open_stream(body).read_all()
+            return columnar.read_parquet(body, limit * columnar.DECODED_FACTOR)
+        return columnar.read_arrow(body, limit * columnar.DECODED_FACTOR)
     except Rejected:
         raise
+    except columnar.TooLarge as exc:
+        raise Rejected(413, f"the {kind} body decodes to more than {columnar.DECODED_FACTOR} × {limit} bytes "
+                            "(http.max_body_bytes); send it in smaller requests") from exc
+    except (csv.Error, struct.error) as exc:
+        raise Rejected(400, f"the body is not valid {kind}: {exc}") from exc
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as exc:
         raise Rejected(400, f"the body is not valid {kind}: {exc}") from exc
 
 
-def accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None) -> pa.Table:
+def accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None, limit: int) -> pa.Table:
     """The records of a request, decoded, conformed and checked (`decode` + `validate`), or Rejected.
 
     Whatever a body makes the decoders raise is the body's fault, and answered as such (400), never 500."""
     if not body:
         raise Rejected(400, "the request body is empty")
     try:
-        return _accept(body, content_type, cfg, target)
+        return _accept(body, content_type, cfg, target, limit)
     except Rejected:
         raise
     except RecursionError as exc:
@@ -142,7 +169,7 @@ def accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema 
         raise Rejected(400, f"the records cannot be stored: {type(exc).__name__}: {exc}") from exc
 
 
-def _accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None) -> pa.Table:
+def _accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema | None, limit: int) -> pa.Table:
     """A small JSON request whose values plainly fit their columns (`_plain`) is built straight into the
     table's types: about half the work of inferring types and casting them, which is most of what a
     10-record push costs besides HTTP. Every other request takes the general path."""
@@ -150,7 +177,7 @@ def _accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema
         table = _plain(_json_array(body), cfg, target)
         if table is not None:
             return _checked(table, table, [], cfg)
-    return validate(decode(body, content_type, target), cfg, target)
+    return validate(decode(body, content_type, target, limit), cfg, target)
 
 
 def validate(table: pa.Table, cfg: EntityConfig, target: pa.Schema | None) -> pa.Table:
@@ -158,6 +185,8 @@ def validate(table: pa.Table, cfg: EntityConfig, target: pa.Schema | None) -> pa
     if table.num_rows == 0:
         raise Rejected(400, "the request holds no records")
     columns = [Problem(None, name, message) for name, message in schema_problems(table.schema, target, cfg.limits)]
+    columns += [Problem(None, f.name, f"column {f.name!r} {why}") for f in table.schema
+                if (why := _unstorable(f.type)) is not None]
     if columns:
         raise Rejected(400, "the columns cannot be stored; nothing was stored", columns)
     if (invalid := utf8_problem(table)) is not None:
@@ -173,8 +202,8 @@ def _checked(table: pa.Table, out: pa.Table, problems: list[Problem], cfg: Entit
         if key not in table.column_names:
             problems.append(Problem(None, key, f"primary key column {key!r} is missing"))
             continue
-        nulls = table.column(key).is_null().to_numpy(zero_copy_only=False)  # numbered as sent
-        problems.extend(Problem(int(i) + 1, key, f"primary key column {key!r} is null") for i in nulls.nonzero()[0])
+        problems.extend(_key_problems(table.column(key), key))
+    problems.extend(_time_range_problems(out, numbered=out.num_rows == table.num_rows))
     if cfg.event_time.source == "column":
         _, bad_times = event_time.stamp(out, cfg.event_time, "", 0, clock.now())
         problems.extend(_time_problem(b, cfg.event_time.column) for b in bad_times)
@@ -182,6 +211,89 @@ def _checked(table: pa.Table, out: pa.Table, problems: list[Problem], cfg: Entit
         problems.sort(key=lambda p: (p.row is not None, p.row or 0))
         raise Rejected(400, f"{len(problems)} problem(s) in the records; nothing was stored", problems)
     return out
+
+
+def _key_problems(column: pa.ChunkedArray, key: str) -> list[Problem]:
+    """Keys the commit cannot match rows on: nulls, NaN (not equal to itself), values that are not scalars."""
+    if pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type):
+        return [Problem(None, key, f"primary key column {key!r} is a {column.type}: a key must be a single value "
+                                   "(a string, number, date or time)")]
+    problems = [Problem(int(i) + 1, key, f"primary key column {key!r} is null")  # numbered as sent
+                for i in column.is_null().to_numpy(zero_copy_only=False).nonzero()[0]]
+    if pa.types.is_floating(column.type):
+        nan = pc.fill_null(pc.is_nan(column), False).to_numpy(zero_copy_only=False)
+        problems += [Problem(int(i) + 1, key, f"primary key column {key!r} is NaN, which equals no key")
+                     for i in nan.nonzero()[0]]
+    return problems
+
+
+_CAST_EXTENSIONS = frozenset({"arrow.bool8"})  # conforming makes it a boolean
+
+
+def _unstorable(t: pa.DataType) -> str | None:
+    """Why no table can take a column of this type (at any depth), or None."""
+    if isinstance(t, pa.BaseExtensionType) and t.extension_name not in _CAST_EXTENSIONS:
+        return f"is of the Arrow extension type {t.extension_name}: send its storage type ({t.storage_type})"
+    if pa.types.is_run_end_encoded(t):
+        return "is run-end encoded: send its values plainly"
+    names = [t.field(i).name for i in range(t.num_fields)] if pa.types.is_struct(t) else []
+    if len(set(names)) < len(names):
+        return f"holds a struct naming a field twice ({next(n for n in names if names.count(n) > 1)!r})"
+    children = [t.value_type] if pa.types.is_dictionary(t) else [t.field(i).type for i in range(t.num_fields)]
+    return next((why for child in children if (why := _unstorable(child)) is not None), None)
+
+
+# What Python's datetime, Spark and Delta hold: years 1 to 9999.
+_FIRST_DAY, _LAST_DAY = date(1, 1, 1), date(9999, 12, 31)
+
+
+def _time_range_problems(table: pa.Table, numbered: bool) -> list[Problem]:
+    """Dates and times outside years 1-9999, at any depth (row numbers for top-level columns, when `numbered`)."""
+    problems = []
+    for name in table.column_names:
+        column = table.column(name)
+        for leaf, top in _temporal(column, top=True):
+            outside = _outside(leaf)
+            if outside is None or not pc.any(outside).as_py():
+                continue
+            rows = outside.to_numpy(zero_copy_only=False).nonzero()[0] if top and numbered else [None]
+            problems += [Problem(None if i is None else int(i) + 1, name, f"column {name!r} holds a date or time "
+                                 "outside the years 1 to 9999, which tables cannot hold") for i in rows]
+    return problems
+
+
+def _temporal(column: pa.ChunkedArray, top: bool) -> list[tuple[pa.ChunkedArray, bool]]:
+    """The date and time arrays in the column, and whether each is the column itself."""
+    t = column.type
+    if not _holds_time(t):
+        return []
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return [(column, top)]
+    if pa.types.is_struct(t):
+        return [leaf for i in range(t.num_fields) for leaf in _temporal(pc.struct_field(column, [i]), top)]
+    if pa.types.is_map(t):
+        return [leaf for part in ("keys", "items")
+                for leaf in _temporal(pa.chunked_array([getattr(c, part) for c in column.chunks],
+                                                       t.key_type if part == "keys" else t.item_type), False)]
+    return _temporal(pc.list_flatten(column), False)  # the list types
+
+
+def _holds_time(t: pa.DataType) -> bool:
+    return pa.types.is_date(t) or pa.types.is_timestamp(t) or any(_holds_time(t.field(i).type)
+                                                                   for i in range(t.num_fields))
+
+
+def _outside(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """Whether each value is outside years 1-9999 (null: not); None when the type cannot hold such values."""
+    t = column.type
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return None  # 1677 to 2262
+    first, last = (_FIRST_DAY, _LAST_DAY) if pa.types.is_date(t) else (
+        datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC))
+    if pa.types.is_timestamp(t) and t.tz is None:
+        first, last = first.replace(tzinfo=None), last.replace(tzinfo=None)
+    low, high = pa.scalar(first, t), pa.scalar(last, t)
+    return pc.fill_null(pc.or_(pc.less(column, low), pc.greater(column, high)), False)
 
 
 # JSON values that plainly fit a column type: the Python types json.loads gives, and the ints in range.
@@ -268,9 +380,14 @@ def _csv(body: bytes, target: pa.Schema | None) -> pa.Table:
 
     parse = pacsv.ParseOptions(invalid_row_handler=on_invalid)
     read = pacsv.ReadOptions(use_threads=False)  # serial: bad rows get their numbers
+    body = body.removeprefix(codecs.BOM_UTF8)  # else the first column's name is not the column's, nor its type
     # Typed as text: conforming to the schema reports each value that does not fit.
     header = body.split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
-    names = next(csv.reader([header])) if target else []
+    try:
+        names = next(csv.reader([header])) if target else []
+    except csv.Error as exc:
+        raise Rejected(400, f"the CSV header cannot be read ({exc}): end lines with \\n or \\r\\n, and keep "
+                            f"each header field under {csv.field_size_limit()} characters") from exc
     convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=True)
     table = pacsv.read_csv(io.BytesIO(body), read_options=read, parse_options=parse, convert_options=convert)
     if problems:

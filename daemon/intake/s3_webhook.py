@@ -61,7 +61,12 @@ class Webhooks:
                                       "password of Basic auth, or as ?token="}, status=401,
                                      headers={"WWW-Authenticate": 'Bearer, Basic realm="lakefeed"'})
         body = await request.read()
-        parsed = parse(body, landing.scope)
+        try:
+            parsed = parse(body, landing.scope)
+        except (ValueError, RecursionError) as exc:  # JSON nested past Python's stack, an int of 5,000 digits
+            _log.info("webhook.unreadable", entity=entity, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            return _answer(400, error=f"the body is not an S3 event notification lakefeed can read "
+                                      f"({type(exc).__name__}: {str(exc)[:200]}); nothing was stored")
         loop = asyncio.get_running_loop()
         if parsed.confirmation is not None:
             return await loop.run_in_executor(None, _confirm, landing, cfg, storage, parsed.confirmation, body)
