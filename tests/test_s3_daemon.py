@@ -342,3 +342,25 @@ def test_minio_events_on_a_kafka_topic_are_ingested_and_committed(tmp_path, buck
     assert f"kafka/{topic}/0/3" in aside and "Records is not a non-empty list" in aside
     daemon.stop(60)
     assert daemon.events("file.enqueued") == len(OBJECTS)
+
+
+def test_objects_that_cannot_be_paths_never_stall_the_entity(tmp_path, bucket, daemon):
+    """A key with a 300-byte name (a local copy named after it: ENAMETOOLONG, a store fault retried for ever) and a
+    key with an empty segment (`x//b.csv`: pyarrow refuses the path and the query died), found by a listing, then a
+    good object: the long name is read, `x//b.csv` is quarantined with the reason, the good object's rows arrive,
+    and no batch is retried."""
+    bucket.client("s3").create_bucket(Bucket="landing")
+    _config(tmp_path, bucket, _entity([], reconcile_interval_s=1.0))
+    long_name = "sales/" + "a" * 300 + ".csv"
+    objects = {long_name: "id,v\n1,a\n"}
+    _put(bucket, long_name, objects[long_name])
+    _put(bucket, "sales/x//b.csv", "id,v\n2,b\n")
+    daemon.start()  # the start-up listing finds both
+    wait_for(lambda: daemon.events("batch.committed") >= 1, 60, 0.3, "the first objects' batch")
+    _put(bucket, "sales/c.csv", "id,v\n3,c\n")
+    objects["sales/c.csv"] = "id,v\n3,c\n"
+    wait_for(lambda: _rows(bucket) == _expected(objects), 60, 0.3, "the long-named and the later object")
+    parked = [(r["source_file"], r["reason"]) for r in _read(bucket, "quarantine")]
+    assert len(parked) == 1 and "x//b.csv" in parked[0][0] and "not normalized" in parked[0][1], parked
+    assert daemon.events("batch.retrying") == 0 and daemon.events("entity.failed") == 0
+    daemon.stop(60)

@@ -196,6 +196,9 @@ _DROP = object()
     (json.dumps({"Type": "Notification"}), "without a Message"),
     (json.dumps({"Type": "SubscriptionConfirmation", "TopicArn": "t"}), "lacks TopicArn, Token"),
     (json.dumps({"Type": "Gossip"}), "unknown SNS message Type 'Gossip'"),
+    ("[" * 100_000, "recursion"),
+    ('{"Records": [' + "1" * 5000 + "]}", "integer"),
+    (json.dumps({"Type": "Notification", "Message": "[" * 100_000}), "SNS Message is malformed JSON"),
 ])
 def test_bad_bodies_are_rejected_with_a_reason_and_never_raise(body, reason):
     p = parse(body, SCOPE)

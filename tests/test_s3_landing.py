@@ -15,6 +15,7 @@ from lakefeed.config.sources import S3Source, S3Storage
 from lakefeed.connectors.sources.s3_events import parse
 from lakefeed.connectors.sources.s3_landing import S3Landing
 from lakefeed.errors import ConfigError, TerminalError
+from lakefeed.inbox import storage
 from lakefeed.inbox.files import Inbox, InboxReader
 from lakefeed.inbox.storage import Mirror, Storage
 from tests import s3_server
@@ -43,9 +44,9 @@ def _landing(tmp: Path, store: Storage, **source: object) -> S3Landing:
                      excluded=("s3://landing/sales/_lake/table",))
 
 
-def _event(key: str, name: str = "ObjectCreated:Put") -> str:
+def _event(key: str, name: str = "ObjectCreated:Put", sequencer: str = "0A") -> str:
     """An AWS notification body for one object of the bucket."""
-    obj = {"key": quote_plus(key), "eTag": "0123", "sequencer": "0A"}
+    obj = {"key": quote_plus(key), "eTag": "0123", "sequencer": sequencer}
     if name.startswith("ObjectCreated"):
         obj["size"] = 5
     return json.dumps({"Records": [{"eventVersion": "2.1", "eventSource": "aws:s3", "eventName": name,
@@ -56,6 +57,32 @@ def _event(key: str, name: str = "ObjectCreated:Put") -> str:
 def _records(tmp: Path):
     reader = InboxReader(tmp / "inbox")
     return reader.records(0, reader.refresh())
+
+
+class _Log:
+    """A structlog stand-in that keeps what `read_file` logs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def __getattr__(self, level: str):
+        return lambda event, **kw: self.events.append((event, kw))
+
+
+def _read(tmp: Path, moto, rec) -> tuple[object, _Log]:
+    """`read_file` of one inbox record, for an entity landing in s3://landing/sales/."""
+    from datetime import UTC, datetime
+
+    from lakefeed.batch.discovery import Partition
+    from lakefeed.batch.file_rows import read_file
+
+    entity = {"name": "sales", "source": {"type": "s3", "url": "s3://landing/sales"},
+              "patterns": [{"name": "p", "glob_pattern": "/**"}]}
+    storage = {"access_key_id": "AKIDTEST", "secret_access_key": SECRET, "endpoint_override": moto.endpoint}
+    (cfg,) = config.load(write_config(tmp, [entity], lake_dir=str(tmp / "lake"), storage=storage)).entities
+    log = _Log()
+    location = rec.path.removeprefix("s3://landing/sales/")
+    return read_file(cfg, Storage(cfg.storage), rec, Partition(location), None, datetime.now(UTC), log), log
 
 
 def test_config_of_an_s3_entity(tmp_path):
@@ -198,3 +225,112 @@ def test_a_table_in_a_bucket_is_compacted_and_vacuumed(store, moto):
     sink.vacuum(0)
     assert len(data()) == 1 and sorted(sink.to_arrow().column("id").to_pylist()) == list(range(8))
     assert sink.committed_version("q1") == 3
+
+
+def test_a_removal_delivered_after_a_newer_creation_does_not_remove_the_object(tmp_path, store, moto):
+    """SQS is unordered: put, delete, put again may arrive as the creation (03), then the old removal (02), in
+    separate deliveries. The removal is stale: enqueuing it would drop a live partition (or retract a live snapshot)
+    and make the next listing take the object a second time."""
+    s3 = moto.client("s3")
+    landing = _landing(tmp_path, store)
+    s3.put_object(Bucket="landing", Key="sales/a.csv", Body=b"id\n1\n")
+    s3.delete_object(Bucket="landing", Key="sales/a.csv")
+    s3.put_object(Bucket="landing", Key="sales/a.csv", Body=b"id\n3\n")
+    assert landing.deliver(list(parse(_event("sales/a.csv", sequencer="03"), landing.scope).events)) == 1
+    stale = parse(_event("sales/a.csv", name="ObjectRemoved:Delete", sequencer="02"), landing.scope)
+    assert landing.deliver(list(stale.events)) == 0
+    assert landing.reconcile() == 0  # the inbox still says the object is there: nothing taken twice
+    assert [(r.path, r.removed) for r in _records(tmp_path)] == [("s3://landing/sales/a.csv", False)]
+
+    # A stale removal whose newer creation was not delivered yet: the object as it is now is enqueued instead.
+    s3.put_object(Bucket="landing", Key="sales/b.csv", Body=b"id\n4\n")
+    assert landing.deliver(list(parse(_event("sales/b.csv", name="ObjectRemoved:Delete"), landing.scope).events)) == 1
+    s3.delete_object(Bucket="landing", Key="sales/b.csv")  # a removal of an object that is gone is taken
+    assert landing.deliver(list(parse(_event("sales/b.csv", name="ObjectRemoved:Delete", sequencer="0B"),
+                                      landing.scope).events)) == 1
+    assert [(r.path, r.removed) for r in _records(tmp_path)][1:] == [("s3://landing/sales/b.csv", False),
+                                                                     ("s3://landing/sales/b.csv", True)]
+
+
+def test_a_record_reads_only_the_version_it_names(tmp_path, store, moto):
+    """Rewritten within the same second with the same size, an object keeps its size and LastModified: only the
+    ETag tells the versions apart. The older record must not read the newer bytes (one version lost, the other
+    taken twice): it is superseded, and the newer record reads them."""
+    import time
+
+    s3 = moto.client("s3")
+    landing = _landing(tmp_path, store)
+    while time.time() % 1 > 0.3:  # both writes in one second
+        time.sleep(0.05)
+    for body in (b"id\n1\n", b"id\n2\n"):
+        s3.put_object(Bucket="landing", Key="sales/a.csv", Body=body)
+        assert landing.deliver(list(parse(_event("sales/a.csv"), landing.scope).events)) == 1
+    old, new = _records(tmp_path)
+    assert (old.size, old.mtime_ns) == (new.size, new.mtime_ns) and old.etag != new.etag
+    assert _read(tmp_path, moto, old)[0] is None
+    rows, _ = _read(tmp_path, moto, new)
+    assert rows[1].column("id").to_pylist() == [2] and rows[2] == []
+    with pytest.raises(storage.Replaced, match="newer version"):
+        store.fetch(old.path, tmp_path / "copy", old.etag)
+    assert store.fetch(new.path, tmp_path / "copy", new.etag) == store.head(new.path)
+    assert (tmp_path / "copy").read_bytes() == b"id\n2\n"
+
+
+def test_listings_take_keys_by_the_rule_notifications_follow(tmp_path, store, moto):
+    """`a//b.csv` cannot be a path and `x/` is a folder marker: a notification rejects the one and ignores the
+    other, and so does a listing (the one is quarantined with the reason). Records an inbox holds from before, and
+    objects the store will not give (archived), are quarantined when read: never a dead query or endless retries."""
+    from lakefeed.inbox.files import InboxRecord
+
+    s3 = moto.client("s3")
+    landing = _landing(tmp_path, store)
+    keys = {"sales/a//b.csv": b"id\n1\n", "sales/date=2026-11-22/": b"", "sales/ok.csv": b"id\n2\n"}
+    for key, body in keys.items():
+        s3.put_object(Bucket="landing", Key=key, Body=body)
+    notified = [parse(_event(key), landing.scope) for key in keys]
+    assert "not normalized" in notified[0].rejected[0].reason and "folder marker" in notified[1].ignored[0]
+    assert landing.reconcile() == 2 and landing.reconcile() == 0
+    bad, ok = _records(tmp_path)
+    assert (bad.path, ok.path, ok.problem) == ("s3://landing/sales/a//b.csv", "s3://landing/sales/ok.csv", "")
+    assert "not normalized" in bad.problem and "rename the object" in bad.problem
+
+    for n, key in enumerate(["sales/a//b.csv", "sales/date=2026-11-22/"]):
+        head = store.head(f"s3://landing/{key}")
+        legacy = InboxRecord(10 + n, head.path, head.size, head.mtime_ns, "", head.etag)
+        (_, table, (why,)), _ = _read(tmp_path, moto, legacy)
+        assert table is None and ("not normalized" in why.reason or "folder marker" in why.reason)
+    s3.put_object(Bucket="landing", Key="sales/cold.csv", Body=b"id\n3\n", StorageClass="GLACIER")
+    cold = store.head("s3://landing/sales/cold.csv")
+    (_, table, (why,)), _ = _read(tmp_path, moto, InboxRecord(12, cold.path, cold.size, cold.mtime_ns, "", cold.etag))
+    assert table is None and "InvalidObjectState" in why.reason and "restore it" in why.reason
+
+
+def test_the_local_copy_of_an_object_has_a_bounded_safe_name(tmp_path, store, moto):
+    """A key's name may be 1,024 bytes, a local file name 255: the copy is named by offset and a bounded part of
+    the key's name, so an object with a long name is read, not retried for ever (ENAMETOOLONG is a store fault)."""
+    key = "sales/" + "é" * 200 + "a" * 300 + ".csv"
+    moto.client("s3").put_object(Bucket="landing", Key=key, Body=b"id\n1\n")
+    landing = _landing(tmp_path, store)
+    assert landing.deliver(list(parse(_event(key), landing.scope).events)) == 1
+    (rec,) = _records(tmp_path)
+    rows, _ = _read(tmp_path, moto, rec)
+    assert rows[1].column("id").to_pylist() == [1]
+    from lakefeed.batch.file_rows import staged_name
+
+    assert staged_name(7, f"s3://landing/{key}") == "7-" + "_" * 80 + ".csv"
+
+
+def test_a_store_that_cannot_be_listed_at_start_is_listed_again_later(tmp_path, store, moto):
+    """A bucket not there yet (or a store down) when the entity starts: the start goes on, says so, and the next
+    listing takes what landed meanwhile."""
+    from tests.conftest import wait_for
+
+    moto.client("s3").delete_bucket(Bucket="landing")
+    landing = _landing(tmp_path, store, reconcile_interval_s=0.2)
+    landing.start()
+    try:
+        moto.client("s3").create_bucket(Bucket="landing")
+        moto.client("s3").put_object(Bucket="landing", Key="sales/a.csv", Body=b"id\n1\n")
+        wait_for(lambda: [r.path for r in _records(tmp_path)] == ["s3://landing/sales/a.csv"], 30, 0.1, "a.csv")
+    finally:
+        landing.stop()

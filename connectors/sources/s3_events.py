@@ -8,7 +8,8 @@ eventVersion 2.0; the records are the truth, the wrapper's Key is not read), an 
 
 Nothing here raises on bad input: a body or record that cannot be used comes back as a
 `Rejected` with a reason a person can act on, so a transport can move it aside and go on.
-Keys are decoded once, here, and must be safe relative paths under the entity's prefix.
+Keys are decoded once, here, and must be safe relative paths under the entity's prefix;
+`key_verdict` is that rule, which listings apply too.
 
 Delivery is at-least-once and unordered. `dedupe` collapses repeats of one object version and
 `latest_per_key` keeps the outcome per key: by `sequencer` when every event of the key has one
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from urllib.parse import unquote_plus
 
 Kind = Literal["created", "removed"]
+Verdict = Literal["data", "ignored", "rejected"]
 
 _CREATED = {"ObjectCreated:Put", "ObjectCreated:Post", "ObjectCreated:Copy", "ObjectCreated:CompleteMultipartUpload"}
 _REMOVED = {
@@ -144,12 +146,29 @@ def unsafe_key(key: str) -> str | None:
     return None
 
 
+def key_verdict(scope: Scope, bucket: str, key: str) -> tuple[Verdict, str]:
+    """What an object is to the entity, by its decoded key, and why: the one rule for notifications and listings.
+    'rejected': not the entity's, or not a safe relative path; 'ignored': a folder marker, not data at all."""
+    if problem := scope.check(bucket, key):
+        return "rejected", problem
+    if key.endswith("/"):
+        return "ignored", f"{key!r} is a folder marker"
+    return "data", ""
+
+
+def not_a_file(key: str) -> str | None:
+    """Why an object cannot be read as a data file whatever its entity (`key_verdict`'s rule, less the scope)."""
+    if key.endswith("/"):
+        return f"{key!r} is a folder marker, not a file"
+    return unsafe_key(key)
+
+
 def parse(body: str | bytes, scope: Scope) -> Parsed:
     """Everything one notification body says, for objects in `scope`."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return Parsed(rejected=(Rejected(f"malformed JSON: {exc}", _excerpt(body)),))
+    except (ValueError, RecursionError) as exc:  # not JSON or not UTF-8; an integer of 5,000 digits; deep nesting
+        return Parsed(rejected=(Rejected(f"malformed JSON: {str(exc)[:200]}", _excerpt(body)),))
     return _document(doc, scope, depth=0)
 
 
@@ -185,8 +204,8 @@ def _sns(doc: dict[str, Any], scope: Scope) -> Parsed:
             return _reject("SNS Notification without a Message string", doc)
         try:
             inner = json.loads(message)
-        except json.JSONDecodeError as exc:
-            return _reject(f"SNS Message is malformed JSON: {exc}", doc)
+        except (ValueError, RecursionError) as exc:
+            return _reject(f"SNS Message is malformed JSON: {str(exc)[:200]}", doc)
         return _document(inner, scope, depth=1)
     if kind == "SubscriptionConfirmation":
         fields = [doc.get(k) for k in ("TopicArn", "Token", "SubscribeURL", "MessageId")]
@@ -226,10 +245,11 @@ def _record(rec: Any, scope: Scope) -> ObjectEvent | Rejected | str:
         key = unquote_plus(raw_key, errors="strict")
     except UnicodeDecodeError:
         return Rejected(f"key {raw_key!r} is not UTF-8 once decoded", _excerpt(rec))
-    if problem := scope.check(bucket, key):
-        return Rejected(problem, _excerpt(rec))
-    if key.endswith("/"):
-        return f"{key!r} is a folder marker"
+    verdict, why = key_verdict(scope, bucket, key)
+    if verdict == "rejected":
+        return Rejected(why, _excerpt(rec))
+    if verdict == "ignored":
+        return why
     try:
         event_time = datetime.fromisoformat(raw_time)
     except ValueError:

@@ -5,13 +5,15 @@ parsed events to `deliver`, which returns once they are durable in the inbox: th
 acknowledges (deletes the message, answers the POST, commits the offset) only then. A created
 object is looked up (HEAD) so that its identity is the one a listing gives (storage.py); an
 object gone by then is skipped, its removal event follows. A removal is an inbox record too,
-so the manifest drops the partition in commit order.
+so the manifest drops the partition in commit order; it is looked up too, since a removal
+delivered after a newer creation must not drop a live object.
 
 A listing at start-up covers the whole prefix. Later ones, every `reconcile_interval_s`, start
 after the key prefix `dated_prefix` gives for now - `listing_lookback_s` when the layout is
 dated, so their cost follows the recent keys, not the bucket's history. Whatever a listing
 finds that the inbox has not seen was never notified: it is enqueued, logged at WARNING and
-counted (`on_found`).
+counted (`on_found`). Listed keys pass the rule notifications pass (`s3_events.key_verdict`):
+folder markers are skipped, keys that cannot be paths (`a//b.csv`) are quarantined with the reason.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from lakefeed import clock, log
 from lakefeed.config.sources import KafkaNotifications, S3Source, SqsNotifications
 from lakefeed.connectors.sources.base import Source
 from lakefeed.connectors.sources.local_dir import is_data_file
-from lakefeed.connectors.sources.s3_events import ObjectEvent, Scope, latest_per_key
+from lakefeed.connectors.sources.s3_events import ObjectEvent, Scope, key_verdict, latest_per_key
 from lakefeed.connectors.sources.sqs_source import SqsSource
 from lakefeed.inbox.files import FileEvent, Inbox
 from lakefeed.inbox.storage import Storage, whole_seconds_ns
@@ -46,6 +49,7 @@ class S3Landing(Source):
         self._storage = storage
         self._excluded = tuple(e.rstrip("/") + "/" for e in excluded)
         self._on_found = on_found
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"source-{entity}-listing", daemon=True)
         self.transports: list[Source] = [self._transport(n) for n in source.notifications
@@ -72,26 +76,37 @@ class S3Landing(Source):
         return is_data_file(key) and not any(s.startswith((".", "_")) for s in relative.split("/")[:-1])
 
     def deliver(self, events: list[ObjectEvent]) -> int:
-        """Make the outcome of these events durable in the inbox; return how many records were new."""
-        wanted: list[FileEvent] = []
-        for ev in latest_per_key(events):
-            if not self.wanted(ev.key):
-                _log.info("object.ignored", entity=self.entity, file=ev.uri, reason="not a data file")
-            elif ev.kind == "removed":
-                wanted.append(FileEvent(ev.uri, 0, whole_seconds_ns(ev.event_time),
-                                        ev.version_id or ev.sequencer or "", removed=True))
-            elif (now := self._storage.head(ev.uri)) is None:
-                _log.info("object.gone", entity=self.entity, file=ev.uri, reason="removed before it was "
-                          "looked at; its removal event follows")
-            else:
-                wanted.append(now)
-        return self._offer(wanted)
+        """Make the outcome of these events durable in the inbox; return how many records were new.
+
+        Deliveries are unordered, and `latest_per_key` orders one delivery only: every event is checked against the
+        object as it is now (HEAD). A removal of an object that exists is stale (a newer creation came before it,
+        or it removed an older version): the current version is offered instead of it. A HEAD and the offer it
+        decides hold the lock, so that a listing's offer cannot come between them."""
+        with self._lock:
+            return self._offer([ev for ev in map(self._outcome, latest_per_key(events)) if ev is not None])
+
+    def _outcome(self, ev: ObjectEvent) -> FileEvent | None:
+        """What the inbox gets of one event: the object's identity now, its removal, or nothing."""
+        if not self.wanted(ev.key):
+            _log.info("object.ignored", entity=self.entity, file=ev.uri, reason="not a data file")
+            return None
+        now = self._storage.head(ev.uri)
+        if now is not None and ev.kind == "removed":
+            _log.info("object.removal_stale", entity=self.entity, file=ev.uri, sequencer=ev.sequencer,
+                      reason="the object exists: a newer version came before this removal; kept")
+        elif now is None and ev.kind == "removed":
+            return FileEvent(ev.uri, 0, whole_seconds_ns(ev.event_time), ev.version_id or ev.sequencer or "",
+                             removed=True)
+        elif now is None:
+            _log.info("object.gone", entity=self.entity, file=ev.uri, reason="removed before it was "
+                      "looked at; its removal event follows")
+        return now
 
     def _offer(self, events: list[FileEvent]) -> int:
         added = self._inbox.offer(events) if events else []  # the inbox skips identities it has
         for rec in added:
             _log.info("object.removed" if rec.removed else "file.enqueued", entity=self.entity, file=rec.path,
-                      offset=rec.offset, size=rec.size)
+                      offset=rec.offset, size=rec.size, problem=rec.problem or None)
         return len(added)
 
     def reconcile(self, narrowed: bool = False) -> int:
@@ -100,13 +115,24 @@ class S3Landing(Source):
         The listing runs while notifications keep arriving: an object both report is one identity, and
         an older identity listed after a rewrite was notified is skipped when read (superseded)."""
         start_after = self.start_after() if narrowed else ""
-        bucket = f"s3://{self.source.bucket}/"
-        listed = [e for e in self._storage.list(self.source.bucket, self.source.prefix, start_after)
-                  if self.wanted(e.path.removeprefix(bucket))]
-        found = self._offer(sorted(listed, key=lambda e: (e.mtime_ns, e.path)))
+        objects = list(self._storage.list(self.source.bucket, self.source.prefix, start_after))
+        listed = [ev for ev in map(self._listed, objects) if ev is not None]
+        with self._lock:
+            found = self._offer(sorted(listed, key=lambda e: (e.mtime_ns, e.path)))
         _log.info("source.listed", entity=self.entity, prefix=self.source.root, start_after=start_after or None,
-                  objects=len(listed), found=found)
+                  objects=len(objects), taken=len(listed), found=found)
         return found
+
+    def _listed(self, ev: FileEvent) -> FileEvent | None:
+        """A listed object as the inbox gets it, by the rule notifications follow (`key_verdict`): a data object, one
+        whose key cannot be a path (quarantined with the reason), or nothing (a folder marker, not data)."""
+        key = ev.path.removeprefix(f"s3://{self.source.bucket}/")
+        verdict, why = key_verdict(self.scope, self.source.bucket, key)
+        if verdict == "ignored" or not self.wanted(key):
+            return None
+        if verdict == "rejected":
+            return replace(ev, problem=f"{why}; rename the object to take it")
+        return ev
 
     def start_after(self) -> str:
         """The key a narrowed listing starts after: the dated prefix of now - lookback (everything from
@@ -121,8 +147,14 @@ class S3Landing(Source):
         for transport in self.transports:
             transport.start()
         # After the transports listen, so an object landing now is seen by one or the other.
-        self._report(self.reconcile())
+        self._reconcile(narrowed=False)
         self._thread.start()
+
+    def _reconcile(self, narrowed: bool) -> None:
+        try:
+            self._report(self.reconcile(narrowed=narrowed))
+        except Exception as exc:  # noqa: BLE001 - the store or the state disk may fail a while: listings go on
+            _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
 
     def _report(self, found: int) -> None:
         if found:
@@ -132,10 +164,7 @@ class S3Landing(Source):
 
     def _loop(self) -> None:
         while not self._stop.wait(self.source.reconcile_interval_s):
-            try:
-                self._report(self.reconcile(narrowed=True))
-            except Exception as exc:  # the store may be down for a while; the next listing tries again
-                _log.warning("source.reconcile_failed", entity=self.entity, error=str(exc))
+            self._reconcile(narrowed=True)
 
     def stop(self) -> None:
         self._stop.set()

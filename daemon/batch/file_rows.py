@@ -3,7 +3,8 @@ kind and event time. Pure row work: it runs wherever the file is read (a Spark t
 
 from __future__ import annotations
 
-import os
+import posixpath
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from lakefeed.batch.provenance import file_schema, with_arguments
 from lakefeed.batch.read import BadRow, FileRead, conform
 from lakefeed.config.model import EntityConfig
 from lakefeed.config.sources import LocalDirSource
+from lakefeed.connectors.sources.s3_events import not_a_file
 from lakefeed.inbox import storage
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.storage import Storage
@@ -32,22 +34,13 @@ def read_file(cfg: EntityConfig, store: Storage, rec: InboxRecord, partition: Pa
     if rec.problem:  # the source saw it cannot be taken (a link, a FIFO, a name that is not UTF-8…)
         return partition.location, None, [BadRow(None, rec.problem, "")]
     local = not storage.is_s3(rec.path)
-    if local:
-        path = Path(rec.path)
-    else:  # read from a local copy, made once
-        path = cfg.state / "staging" / f"{rec.offset}-{os.path.basename(rec.path)}"
-        found = store.fetch(rec.path, path)
-        if found is None:
-            log_.warning("file.vanished", file=rec.path, reason="deleted before it was read; skipped")
-            return None
-        if (found.size, found.mtime_ns) != (rec.size, rec.mtime_ns):
-            log_.info("file.superseded", file=rec.path)
-            path.unlink(missing_ok=True)
-            return None
+    path = Path(rec.path) if local else cfg.state / "staging" / staged_name(rec.offset, rec.path)
     file_target = file_schema(target, partition.arguments)
     source = cfg.source
     follow = local and isinstance(source, LocalDirSource) and source.follow_symlinks
     try:
+        if not local:  # read from a local copy, made once
+            _copy(store, rec, path)
         with Landed(path, source.path if isinstance(source, LocalDirSource) else path.parent, follow) as landed:
             if local and landed.identity() != (rec.size, rec.mtime_ns):
                 raise Superseded("rewritten since it was enqueued")
@@ -83,3 +76,27 @@ def read_file(cfg: EntityConfig, store: Storage, rec: InboxRecord, partition: Pa
         return location, None, [*read.bad, BadRow(None, reason, f"{table.num_rows} rows not applied")]
     table, bad_times = event_time.stamp(table, cfg.event_time, location, rec.mtime_ns, checked_at)
     return location, table, [*read.bad, *bad_times]
+
+
+def staged_name(offset: int, url: str) -> str:
+    """The local copy's name: unique by inbox offset, with a bounded, safe part of the key's name for whoever looks
+    in the folder (a local name takes 255 bytes, a key's up to 1,024) and its extension."""
+    stem, ext = posixpath.splitext(re.sub(r"[^A-Za-z0-9._=-]", "_", posixpath.basename(url)))
+    return f"{offset}-{stem[:80]}{ext[:16]}"
+
+
+def _copy(store: Storage, rec: InboxRecord, path: Path) -> None:
+    """Copy the object's version that `rec` names to `path`. FileNotFoundError: it is gone; Superseded: a newer
+    version replaced it (read from its own inbox record); Unreadable: it cannot be read as a file (quarantined)."""
+    if problem := not_a_file(storage.split(rec.path)[1]):  # inbox records from before listings checked keys
+        raise Unreadable(f"{problem}; rename the object to take it")
+    try:
+        found = store.fetch(rec.path, path, rec.etag)
+    except storage.Replaced as exc:
+        raise Superseded(str(exc)) from exc
+    except storage.NotAFile as exc:
+        raise Unreadable(str(exc)) from exc
+    if found is None:
+        raise FileNotFoundError(rec.path)
+    if (found.size, found.mtime_ns) != (rec.size, rec.mtime_ns) or (rec.etag and found.etag != rec.etag):
+        raise Superseded("rewritten since it was enqueued")

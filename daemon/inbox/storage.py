@@ -1,8 +1,9 @@
 """Object-store access for s3:// locations: one place that turns `S3Storage` into clients.
 
-Objects are read and manifests written through `pyarrow.fs.S3FileSystem` (a single PUT or a
+Manifests and staged rows are written through `pyarrow.fs.S3FileSystem` (a single PUT or a
 multipart upload becomes visible only when complete, so a reader never sees half a manifest);
-listings and HEADs go through boto3, which returns the ETag and supports `StartAfter`; Delta
+listings, HEADs and the GETs of landed objects go through boto3, which returns the ETag, supports
+`StartAfter` and `IfMatch` (a GET of exactly the version an inbox record names); Delta
 tables get the same credentials as deltalake storage options. Credentials are resolved once by
 boto3's standard chain (config keys, else environment, profile, shared files) and never logged.
 
@@ -52,6 +53,19 @@ def make_folder(fs: pafs.FileSystem, folder: str) -> None:
         fs.create_dir(folder, recursive=True)
 
 
+class Replaced(Exception):
+    """The object has a newer version than the one asked for; that version is read from its own inbox record."""
+
+
+class NotAFile(Exception):
+    """The object cannot be read as it is, however often it is tried: the message says why."""
+
+
+# What GetObject answers about the object itself, not the store: archived (restore it, then land it again).
+# Retrying would not mend it, and it must not hold up the objects behind it.
+_NOT_A_FILE = {"InvalidObjectState"}
+
+
 def whole_seconds_ns(t: datetime) -> int:
     return int(t.timestamp()) * 1_000_000_000
 
@@ -65,6 +79,13 @@ class _Credentials:
     access_key: str | None
     secret_key: str | None
     token: str | None
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_client(cfg: S3Storage) -> Any:
+    """One S3 client per store and process (boto3's clients are thread-safe): a task makes a `Storage` of its own,
+    and a client costs about 80 ms to make."""
+    return Storage(cfg).client("s3")
 
 
 class Storage:
@@ -102,7 +123,7 @@ class Storage:
 
     @functools.cached_property
     def s3(self) -> Any:
-        return self.client("s3")
+        return _s3_client(self.cfg)
 
     @functools.cached_property
     def filesystem(self) -> pafs.S3FileSystem:
@@ -159,20 +180,30 @@ class Storage:
             for obj in page.get("Contents", ()):
                 yield object_event(bucket, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
 
-    def fetch(self, url: str, dest: Path) -> FileEvent | None:
-        """Copy the object to `dest`; its identity as it was read, or None if it is gone."""
-        path = url.removeprefix("s3://")
-        info = self.filesystem.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            return None
-        dest.parent.mkdir(parents=True, exist_ok=True)
+    def fetch(self, url: str, dest: Path, etag: str = "") -> FileEvent | None:
+        """Copy the object (the version with this ETag, if given) to `dest`; the identity of the version read, from
+        the GET itself (an info call before it could describe another version), or None if the object is gone.
+
+        Raises `Replaced` when the object no longer has that ETag, `NotAFile` when the store refuses to give it as
+        it is (an archived object), OSError when the store fails (a store fault: retried)."""
+        bucket, key = split(url)
         try:
-            with self.filesystem.open_input_stream(path) as src, open(dest, "wb") as out:
-                shutil.copyfileobj(src, out, 8 << 20)
-        except FileNotFoundError:
-            return None
-        assert info.mtime is not None and info.size is not None
-        return FileEvent(url, info.size, whole_seconds_ns(info.mtime))
+            got = self.s3.get_object(Bucket=bucket, Key=key, **({"IfMatch": f'"{etag}"'} if etag else {}))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with got["Body"] as body, open(dest, "wb") as out:
+                shutil.copyfileobj(body, out, 8 << 20)
+        except boto_errors.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "NoSuchBucket", "404"):
+                return None
+            if code in ("PreconditionFailed", "412"):
+                raise Replaced(f"{url} no longer has ETag {etag}: a newer version replaced it") from exc
+            if code in _NOT_A_FILE:
+                raise NotAFile(f"the store will not give it ({exc}): restore it, then land it again") from exc
+            raise OSError(f"cannot read {url}: {exc}") from exc
+        except boto_errors.BotoCoreError as exc:  # the network, a read cut short
+            raise OSError(f"cannot read {url}: {exc}") from exc
+        return object_event(bucket, key, got["ContentLength"], got["LastModified"], got.get("ETag", ""))
 
     def get(self, url: str, dest: Path) -> bool:
         """Download `url` to `dest` (atomically); False if there is no such object."""
