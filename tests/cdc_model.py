@@ -1,16 +1,19 @@
 """The CDC strategies written as plainly as possible: dictionary state and a list of ops.
 
-It mirrors the documented semantics, not the implementation: a batch is reduced to one
-change per key (highest sequence, then latest arrival; ledger keeps the first; snapshot
-takes the batch's last snapshot file; a create ranked after a delete of its key replaces
-the row, and an update after it finds the key absent, as batch by batch), then applied; the changelog lists each batch's
-ops in key order, a correction as (-C old, +C new).
+It follows the documented semantics (docs/cdc.md), not the implementation, which reduces a batch
+to one MERGE: a batch's rows are ranked (highest sequence, then latest arrival) and applied to
+the state one at a time (snapshot: the batch's last file is the state); the changelog lists each
+batch's net changes in key order, a correction as (-C old, +C new).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+import pyarrow as pa
+
+from lakefeed.batch.cdc import MergePlan
 
 APPEND, RETRACT, CORRECT_FROM, CORRECT_TO = 0, 1, 2, 3
 KIND = {"ledger": "insert", "snapshot": "snapshot", "upsert": "upsert", "delete": "delete", "insert": "insert",
@@ -60,63 +63,95 @@ class Model:
             changes = [c for c in changes if c[1][0] == len(files) - 1]
         elif not changes:
             return
-        by_key: dict = {}
-        deleted = set()  # keys with a delete in the batch, as far as the changes are taken in rank order
-        absent = set()  # keys a delete left absent, with nothing created since
         rank = lambda c: (tuple(c[2][s] for s in self.sequence), c[1])  # noqa: E731
-        for change in sorted(changes, key=rank):
-            k = change[2][self.key]
-            if self.strategy == "ledger":
-                by_key.setdefault(k, change)
-                continue
-            if change[0] == "delete":
-                deleted.add(k)
-                absent.add(k)
-            elif change[0] == "update" and k in deleted:
-                if k in absent and self.update_of_absent != "insert":  # the delete left the key absent
-                    self.quarantined += self.update_of_absent == "quarantine"
-                    continue  # the delete stands
-                change = ("upsert", *change[1:])  # the key is known to be there: created or inserted since
-                absent.discard(k)
-            elif change[0] in ("insert", "upsert"):
-                if k in deleted:
-                    change = ("upsert", *change[1:])  # the delete left the key absent: the create stands
-                absent.discard(k)
-            by_key[k] = change
-        ops = []
+        by_key: dict = {}
+        for kind, _, row in sorted(changes, key=rank):
+            by_key.setdefault(row[self.key], []).append((kind, row))
         if self.strategy == "snapshot":
-            for k in sorted(set(self.state) | set(by_key)):
-                old, new = self.state.get(k), by_key.get(k)
-                if new is None:
-                    ops.append((k, [(RETRACT, old)]))
-                    del self.state[k]
-                elif old is None:
-                    ops.append((k, [(APPEND, new[2])]))
-                    self.state[k] = new[2]
-                elif old != new[2]:
-                    ops.append((k, [(CORRECT_FROM, old), (CORRECT_TO, new[2])]))
-                    self.state[k] = new[2]
+            ops = self._snapshot({k: rows[-1][1] for k, rows in by_key.items()})
         else:
-            for k in sorted(by_key):
-                kind, _, row = by_key[k]
-                seq = tuple(row[s] for s in self.sequence)
-                if self.sequence and k in self.tombstones and seq < self.tombstones[k]:
-                    continue  # older than the key's deletion: stale
-                if self.sequence and kind == "delete":
-                    self.tombstones[k] = max(seq, self.tombstones.get(k, seq))
-                old = self.state.get(k)
-                newer = old is None or tuple(row[s] for s in self.sequence) >= tuple(old[s] for s in self.sequence)
-                if old is None:
-                    if kind in ("upsert", "insert") or (kind == "update" and self.update_of_absent == "insert"):
-                        ops.append((k, [(APPEND, row)]))
-                        self.state[k] = row
-                    elif kind == "update" and self.update_of_absent == "quarantine":
-                        self.quarantined += 1
-                elif kind == "delete" and newer:
-                    ops.append((k, [(RETRACT, old)]))
-                    del self.state[k]
-                elif kind in ("upsert", "update") and newer and old != row:
-                    ops.append((k, [(CORRECT_FROM, old), (CORRECT_TO, row)]))
-                    self.state[k] = row
+            ops = [(k, key_ops) for k in sorted(by_key) if (key_ops := self._apply_key(k, by_key[k]))]
         for _, key_ops in sorted(ops, key=lambda o: o[0]):
             self.changelog.extend(key_ops)
+
+    def _snapshot(self, rows: dict) -> list:
+        """The batch's last file is the whole state."""
+        ops = []
+        for k in sorted(set(self.state) | set(rows)):
+            old, new = self.state.get(k), rows.get(k)
+            if new is None:
+                ops.append((k, [(RETRACT, old)]))
+                del self.state[k]
+            elif old is None:
+                ops.append((k, [(APPEND, new)]))
+                self.state[k] = new
+            elif old != new:
+                ops.append((k, [(CORRECT_FROM, old), (CORRECT_TO, new)]))
+                self.state[k] = new
+        return ops
+
+    def _apply_key(self, k, changes: list) -> list:
+        """A key's changes (ranked), one at a time: an insert only if the key is absent (a ledger's rows are
+        inserts: the first wins), an update only if it is present (else update_of_absent), an upsert always, a
+        delete makes it absent. Changes older than the key's last deletion are stale; the key's outcome
+        applies only if the row it leaves (or its deletion) is at least as new as the stored row."""
+        seq = lambda row: tuple(row[s] for s in self.sequence)  # noqa: E731
+        if k in self.tombstones:
+            changes = [(kind, row) for kind, row in changes if seq(row) >= self.tombstones[k]]
+        old = self.state.get(k)
+        current, last = old, None  # `last`: the change that made `current` (None: the key is untouched)
+        for kind, row in changes:
+            if kind == "delete":
+                current, last = None, row
+            elif kind == "upsert" or (kind == "insert" and current is None) or \
+                    (kind == "update" and (current is not None or self.update_of_absent == "insert")):
+                current, last = row, row
+            elif kind == "update" and current is None and self.update_of_absent == "quarantine":
+                self.quarantined += 1
+        if last is None:
+            return []
+        if current is None and self.sequence:
+            self.tombstones[k] = max(seq(last), self.tombstones.get(k, seq(last)))
+        if old is None:
+            return [] if current is None else self._set(k, [(APPEND, current)], current)
+        if seq(last) < seq(old) or old == current:
+            return []
+        if current is None:
+            return self._set(k, [(RETRACT, old)], None)
+        return self._set(k, [(CORRECT_FROM, old), (CORRECT_TO, current)], current)
+
+    def _set(self, k, ops: list, row: dict | None) -> list:
+        if row is None:
+            del self.state[k]
+        else:
+            self.state[k] = row
+        return ops
+
+
+class DictTable:
+    """A table sink on a dictionary, for tests of the reduction without Delta: `lookup` as TableSink's, and
+    `merge` as the sinks' keyed MERGE (connectors/sinks/delta_rs.py): a key the table holds is deleted or
+    updated by a change at least as new as its row; a key it does not hold inserted by a create (or an update,
+    when updates of absent keys insert)."""
+
+    def __init__(self, key: str = "k") -> None:
+        self.key = key
+        self.rows: dict = {}
+
+    def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
+        held = [k for k in dict.fromkeys(keys.column(self.key).to_pylist()) if k in self.rows]
+        return pa.table({self.key: pa.array(held, keys.schema.field(self.key).type),
+                         **{c: pa.array([self.rows[k][c] for k in held], pa.int64()) for c in columns}})
+
+    def merge(self, source: pa.Table, plan: MergePlan) -> None:
+        for row in source.to_pylist():
+            kind, k = row.pop("__kind"), row[self.key]
+            old = self.rows.get(k)
+            if old is None:
+                if kind in ("upsert", "insert") or (kind == "update" and plan.insert_updates_of_absent):
+                    self.rows[k] = row
+            elif tuple(row[s] for s in plan.sequence) >= tuple(old[s] for s in plan.sequence):
+                if kind == "delete":
+                    del self.rows[k]
+                elif kind in ("upsert", "update"):
+                    self.rows[k] = row

@@ -1,14 +1,23 @@
 """Per-row change kinds (`cdc.resolve_kinds`) against a row-by-row reference: delete markers of any type
-(null, booleans, numbers, texts), operations known, unknown and missing, and null keys and sequences."""
+(null, booleans, numbers, texts), operations known, unknown and missing, and null keys and sequences; and a
+batch of mixed kinds reduced to one MERGE (`cdc.reduce`, `cdc.resolve`) against its changes applied one by one
+(tests/cdc_model.py), on keys the table holds and keys it does not, under every `update_of_absent`."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakefeed.batch import cdc
 from lakefeed.config.model import CdcConfig
+from tests.cdc_model import DictTable, Model
+from tests.test_cdc import Lake, _row
 
 KINDS = ("upsert_and_delete", "changelog", "insert", "update", "delete", "upsert")
 MARKERS = {
@@ -78,3 +87,73 @@ def test_kinds_match_the_row_by_row_reference(batch):
     assert out.column("__kind").to_pylist() == [k for i, k in enumerate(kinds) if i not in reasons]
     assert out.column("k").to_pylist() == [r["k"] for i, r in enumerate(rows) if i not in reasons]
     assert [row.reason for _, row in bad] == [reasons[i] for i in sorted(reasons)]
+
+
+CHANGES = ("insert", "update", "upsert", "delete")
+POLICIES = ("insert", "ignore", "quarantine")
+
+
+def _merged(table: DictTable, changes: list[tuple[int, str, str]], policy: str) -> int:
+    """A batch of (key, kind, value) reduced and merged into `table` as the commit does; its quarantined rows."""
+    cfg = CdcConfig(strategy="upsert", primary_key=("k",), update_of_absent=policy)
+    data = pa.table({"k": pa.array([k for k, _, _ in changes], pa.int64()), "v": [v for _, _, v in changes],
+                     "op": [kind for _, kind, _ in changes]})
+    data = cdc.tag(data, "changelog", 0)
+    data = data.set_column(data.schema.get_field_index(cdc.KIND), cdc.KIND, data.column("op"))
+    reduced, bad = cdc.reduce(data, cfg)
+    held = np.isin(reduced.column("k").to_numpy(), list(table.rows))
+    reduced, absent = cdc.resolve(reduced, held)
+    assert len(set(reduced.column("k").to_pylist())) == reduced.num_rows  # one MERGE row per key
+    table.merge(reduced.select(["k", "v", "op", cdc.KIND]), cdc.plan(cfg, ["k", "v", "op"]))
+    return len(bad) + len(absent)
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(CHANGES), st.sampled_from("abc")),
+                                 max_size=8), min_size=1, max_size=4),
+       policy=st.sampled_from(POLICIES))
+def test_a_reduced_batch_is_its_changes_applied_one_by_one(batches, policy):
+    """Batch after batch, so that keys are held or not before each; table and quarantine as the model's."""
+    model, table, quarantined = Model("changelog", update_of_absent=policy), DictTable(), 0
+    for changes in batches:
+        model.apply_batch([[{"k": k, "v": v, "op": kind} for k, kind, v in changes]])
+        quarantined += _merged(table, changes, policy)
+        assert table.rows == model.state
+        assert quarantined == model.quarantined
+
+
+# (the table before, the batch's changes of key 1, update_of_absent, the table after, rows quarantined)
+CASES = {
+    "insert then update of an absent key": ({}, [("insert", "a"), ("update", "b")], "ignore", {1: "b"}, 0),
+    "insert then update, quarantine": ({}, [("insert", "a"), ("update", "b")], "quarantine", {1: "b"}, 0),
+    "upsert then update of an absent key": ({}, [("upsert", "a"), ("update", "b")], "ignore", {1: "b"}, 0),
+    "upsert then insert of a present key": ({1: "old"}, [("upsert", "new"), ("insert", "dup")], "insert",
+                                            {1: "new"}, 0),
+    "two inserts of an absent key": ({}, [("insert", "a"), ("insert", "b")], "insert", {1: "a"}, 0),
+    "update then insert of an absent key": ({}, [("update", "b"), ("insert", "c")], "quarantine", {1: "c"}, 1),
+    "update then insert of a present key": ({1: "old"}, [("update", "b"), ("insert", "c")], "quarantine",
+                                            {1: "b"}, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_change_that_depends_on_an_earlier_one_of_its_batch(case):
+    before, changes, policy, after, quarantined = CASES[case]
+    table = DictTable()
+    table.rows = {k: {"k": k, "v": v, "op": "upsert"} for k, v in before.items()}
+    assert _merged(table, [(1, kind, v) for kind, v in changes], policy) == quarantined
+    assert {k: row["v"] for k, row in table.rows.items()} == after
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_change_that_depends_on_an_earlier_one_of_its_batch_in_delta(case):
+    """The same through the pipeline and a Delta table: the commit looks the keys up (`Committer._settled`)."""
+    before, changes, policy, after, quarantined = CASES[case]
+    op = {"insert": "c", "upsert": "u", "update": "update", "delete": "d"}
+    with tempfile.TemporaryDirectory() as tmp:
+        lake = Lake(Path(tmp), {"strategy": "changelog", "primary_key": ["k"], "update_of_absent": policy})
+        if before:
+            lake.batch([[_row(k, v, 0, "u") for k, v in before.items()]])
+        lake.batch([[_row(1, v, n + 1, op[kind]) for n, (kind, v) in enumerate(changes)]])
+        assert {k: row["v"] for k, row in lake.state().items()} == after
+        assert lake.quarantined() == quarantined

@@ -1,6 +1,7 @@
 """The keyed reduction as tasks (daemon/pipeline/keyed.py) against the reduction of the whole batch in one place:
 rows cut into buckets by key where they are staged, a task per bucket (each reading the tombstones itself), give
-the same changes, the same bad rows, the same counts and the same latest event time, however many buckets; and a
+the same changes, the same bad rows, the same counts and the same latest event time, however many buckets; the
+reduction merged gives the table and quarantine of the changes applied one by one (tests/cdc_model.py); and a
 row's bucket is the same in every process."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +26,7 @@ from lakefeed.config import model as config
 from lakefeed.inbox.storage import Storage
 from lakefeed.pipeline import keyed, tasks
 from lakefeed.pipeline.sinks import delta_sink
+from tests.cdc_model import DictTable, Model
 from tests.conftest import entity_yaml, write_config
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -82,7 +85,7 @@ def _staged(cfg, table: pa.Table, offset: int, buckets: int, folder: str) -> tas
 def _canonical(done: keyed.Reduction) -> tuple:
     rows = done.rows.to_pylist() if done.rows is not None else None
     bad = sorted((path, b.reason, b.raw) for path, b in done.bad)
-    key = lambda r: (r["k"] is None, str(r["k"]))  # noqa: E731 - the changes of one key are one row
+    key = lambda r: (r["k"] is None, str(r["k"]), r[cdc.KIND], r[cdc.ORDER])  # noqa: E731
     return (sorted(rows, key=key) if rows is not None else None), bad, done.kept, done.late, done.latest, done.stale
 
 
@@ -127,6 +130,38 @@ def test_a_reduction_in_buckets_is_the_reduction_of_the_whole_batch(tmp_path_fac
                                        watermark, None, numbered=numbered)
     assert _canonical(got) == _canonical(expected)
     assert len(workers) == len({b for s in staged for b, path in enumerate(s.buckets) if path})
+
+
+changes = st.fixed_dictionaries({"k": st.integers(0, 4), "v": st.sampled_from(["a", "b"]), "seq": st.integers(0, 3),
+                                 "op": st.sampled_from(["insert", "update", "upsert", "delete"])})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.lists(changes, max_size=5), min_size=1, max_size=3), min_size=1, max_size=4),
+       sequence=st.booleans(), update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]))
+def test_a_reduction_merged_is_the_changes_applied_one_by_one(tmp_path_factory, batches, sequence,
+                                                               update_of_absent):
+    """Mixed inserts, updates, upserts and deletes, batch after batch (keys held or not before each), with and
+    without `sequence_by` (older changes arriving later, deletions' tombstones): the table, the tombstones and the
+    quarantine are those of the model, once the commit has settled the rows that depend on the table."""
+    cfg = _cfg(tmp_path_factory.mktemp("model"), "changelog", sequence, update_of_absent, "apply")
+    model = Model("changelog", sequence=("seq",) if sequence else (), update_of_absent=update_of_absent)
+    table, tombstones, quarantined = DictTable(), DictTable(), 0
+    for b, files in enumerate(batches):
+        rows = [[{**r, "IsDelete": None, "minute": 0} for r in f] for f in files]
+        data = pa.concat_tables([_part(f, "changelog", b * 10 + n, False, False) for n, f in enumerate(rows)])
+        done = keyed.reduction(data, cfg, None, None, tombstones if sequence else None)
+        held = pc.is_in(done.rows.column("k"), pa.array(list(table.rows), pa.int64())).to_numpy(zero_copy_only=False)
+        reduced, absent = cdc.resolve(done.rows, held)
+        quarantined += len(done.bad) + len(absent)
+        table.merge(reduced.select(["k", "v", "seq", "op", cdc.KIND]), cdc.plan(cfg.cdc, ["k", "v", "seq", "op"]))
+        for row in reduced.filter(pc.equal(reduced.column(cdc.KIND), "delete")).to_pylist() if sequence else ():
+            tombstones.rows[row["k"]] = max(tombstones.rows.get(row["k"], row), row, key=lambda r: r["seq"])
+        model.apply_batch([[{"k": r["k"], "v": r["v"], "seq": r["seq"], "op": r["op"]} for r in f] for f in files])
+        assert table.rows == model.state
+        assert {k: (r["seq"],) for k, r in tombstones.rows.items()} == model.tombstones
+        assert quarantined == model.quarantined
 
 
 def test_the_snapshot_files_and_retracted_files_are_taken_in_each_bucket(tmp_path):

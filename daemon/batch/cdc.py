@@ -1,11 +1,11 @@
 """The CDC engine: a batch of rows → one final change per key → a merge plan → ODF changelog rows.
 
 Every row carries `__kind` (upsert, delete, insert, update, or snapshot) and `__order`
-(inbox offset and row number: arrival order). A batch is reduced to one change per key:
-the highest `sequence_by` wins, ties and entities without a sequence go by arrival (ledger
-keeps the first row of a key instead, snapshot keeps the batch's last snapshot file, of
-each scope with `snapshot_scope`); a change ranked after a delete of its key applies to an
-absent key, as batch by batch. The table sink applies the reduced batch in one MERGE; what
+(inbox offset and row number: arrival order). A batch is reduced to one change per key, the
+table it leaves being the one its changes applied one by one give: they are ranked by the
+highest `sequence_by`, ties and entities without a sequence by arrival (ledger keeps the first
+row of a key instead, snapshot keeps the batch's last snapshot file, of each scope with
+`snapshot_scope`). The table sink applies the reduced batch in one MERGE; what
 the merge changed (the table's change data feed) becomes the changelog: insert → 0 append
 (+A), delete → 1 retract (-R, with the old row), update → 2 correct-from (-C, old values)
 immediately followed by 3 correct-to (+C, new values).
@@ -34,6 +34,8 @@ _OPS = {"insert": OP_APPEND, "delete": OP_RETRACT, "update_preimage": OP_CORRECT
 INCREMENTAL_KINDS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Upsert": "upsert",
                      "UpsertAndDelete": "upsert_and_delete"}
 _TS = pa.timestamp("us", tz="UTC")
+# Kinds of reduced rows whose outcome depends on whether the table holds the key (`resolve` settles them)
+IF_HELD, IF_ABSENT, BAD_IF_ABSENT = "if_held", "if_absent", "bad_if_absent"
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
 
 def reduce(data: pa.Table, cfg: CdcConfig,
            snapshot: Snapshot | None = None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
-    """One row per key: the winning change of the batch, and the updates quarantined on the way.
+    """One row per key: its changes of the batch as one MERGE row (a few keys carry the rows `resolve`
+    settles), and the updates quarantined on the way.
 
     With a snapshot strategy, the rows of the snapshot's files are the whole state (of their
     scopes; even when empty), and earlier snapshots in the batch are superseded.
@@ -154,44 +157,84 @@ def reduce(data: pa.Table, cfg: CdcConfig,
     new_key[0] = True
     if cfg.strategy == "ledger":  # the first row of a key wins
         return data.take(order[new_key]), []
-    return _after_deletes(data, order, new_key, cfg.update_of_absent)
+    if cfg.strategy == "snapshot":  # the last row of a key is its state
+        return data.take(order[np.append(new_key[1:], True)]), []
+    return _paths(data, order, new_key, cfg.update_of_absent)
 
 
-def _after_deletes(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
-                   update_of_absent: str) -> tuple[pa.Table, list]:
-    """Each key's last change (`order`: the rows sorted by key, then rank), as it stands after a delete of its key
-    ranked before it in the batch: the delete leaves the key absent, whatever the table holds, as batch by batch.
+def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
+           update_of_absent: str) -> tuple[pa.Table, list]:
+    """Each key's changes (`order`: the rows sorted by key, then rank) applied one by one, as a MERGE row.
 
-    - A create (insert) after the delete replaces the row the table holds: it becomes an upsert (an insert
-      leaves a present key as it is).
-    - An update after the delete, with no create between, is an update of an absent key: with
-      `update_of_absent: insert` it becomes an upsert; otherwise the delete stands as the key's change, and
-      with `quarantine` the updates after it go to quarantine. With a create between, it is an upsert.
+    Whether a change applies depends on whether the key is there when it comes (an insert only on an absent
+    key, an update only on a present one), so each key is followed on two paths: P, the table holds it
+    before the batch; A, it does not. The pair of outcomes is one MERGE row: (untouched, j) inserts j, (i, i)
+    upserts i, (i, absent) updates i, (absent, absent) deletes. Where the paths end in different rows, or an
+    update would be quarantined on A only, the outcome depends on the table: those rows carry the kinds of
+    `resolve`, for the driver to settle by looking the keys up.
     """
     rows = np.arange(data.num_rows)
     kinds = data.column(KIND).take(order)
     is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False)
            for kind in ("delete", "update", "insert", "upsert")}
     start = np.maximum.accumulate(np.where(new_key, rows, 0))
-    last_delete = np.maximum.accumulate(np.where(is_["delete"], rows, -1))
-    last_delete = np.where(last_delete >= start, last_delete, -1)  # only a delete of the row's own key
-    creates = np.cumsum(is_["insert"] | is_["upsert"])
-    # An update with a delete of its key before it and no create between: the key is absent.
-    absent = is_["update"] & (last_delete >= 0) & (creates == creates[np.maximum(last_delete, 0)])
-    winners = rows[np.append(new_key[1:], True)]
-    prior = last_delete[winners]  # the key's last delete at or before its winner, or -1
-    # After a delete, a create or an update the key takes (absent and inserted, or created since) is the row.
-    takes = is_["update"][winners] & (~absent[winners] | (update_of_absent == "insert"))
-    upsert = (prior >= 0) & (is_["insert"][winners] | takes)
+    inserting = update_of_absent == "insert"
+    # Whether the key is there after a change is the same on both paths once a change sets it: a create
+    # (or an update that inserts) makes it present, a delete absent; an update that does not insert keeps it.
+    sets = is_["upsert"] | is_["insert"] | is_["delete"] | (is_["update"] & inserting)
+    setter = np.concatenate(([-1], np.maximum.accumulate(np.where(sets, rows, -1))[:-1]))
+    setter = np.where(setter >= start, setter, -1)  # the last change before the row that set it, of its key
+    set_present = (setter >= 0) & ~is_["delete"][np.maximum(setter, 0)]
+    before = {"P": set_present | (setter < 0), "A": set_present}  # the key there before the row, on each path
+    last = rows[np.append(new_key[1:], True)]
+    final = {path: _last_applied(is_, there, inserting, start, last) for path, there in before.items()}
+    p, a = final["P"], final["A"]
+    p_row, a_row = (p >= 0) & ~is_["delete"][p], (a >= 0) & ~is_["delete"][a]
+    picks = [(p[p_row & (p == a)], "upsert"), (a[(p < 0) & a_row], "insert"), (p[p_row & ~a_row], "update"),
+             (p[(p >= 0) & ~p_row], "delete"), (p[p_row & a_row & (p != a)], IF_HELD),
+             (a[p_row & a_row & (p != a)], IF_ABSENT)]
     bad: list = []
-    if update_of_absent != "insert":
-        if update_of_absent == "quarantine" and absent.any():
-            bad = _bad(data, dict.fromkeys(order[absent].tolist(), "update of a key deleted before it"))
-        winners = np.where(absent[winners], prior, winners)
-    out = data.take(order[winners])
-    if not upsert.any():
-        return out, bad
-    kind = pc.if_else(pa.array(upsert), "upsert", out.column(KIND))
+    if update_of_absent == "quarantine":
+        # An update of an absent key is quarantined on the path the table is on: after a delete of the
+        # batch both paths are absent (always); before any, only A is (when the table does not hold the key).
+        always = is_["update"] & ~before["P"]
+        if always.any():
+            bad = _bad(data, dict.fromkeys(order[always].tolist(), "update of a key deleted before it"))
+        picks.append((rows[is_["update"] & before["P"] & ~before["A"]], BAD_IF_ABSENT))
+    at = np.concatenate([where for where, _ in picks])
+    kind = np.concatenate([np.full(len(where), name, dtype=object) for where, name in picks])
+    ranked = np.argsort(at, kind="stable")  # in the rows' order: a key's rows together
+    out = data.take(order[at[ranked]])
+    return out.set_column(out.schema.get_field_index(KIND), KIND, pa.array(kind[ranked], pa.string())), bad
+
+
+def _last_applied(is_: dict[str, np.ndarray], there: np.ndarray, inserting: bool, start: np.ndarray,
+                  last: np.ndarray) -> np.ndarray:
+    """Per key (`last`: its last row), the last of its changes that applies on a path (`there`: the key is
+    there before each change, on that path), or -1: none does, the key stays as the path starts."""
+    applies = is_["upsert"] | is_["delete"] | (is_["insert"] & ~there) | (is_["update"] & (there | inserting))
+    applied = np.maximum.accumulate(np.where(applies, np.arange(len(there)), -1))[last]
+    return np.where(applied >= start[last], applied, -1)
+
+
+def path_dependent(reduced: pa.Table) -> np.ndarray:
+    """The reduced rows whose outcome depends on whether the table holds their key (see `resolve`)."""
+    kinds = reduced.column(KIND)
+    return pc.is_in(kinds, value_set=pa.array([IF_HELD, IF_ABSENT, BAD_IF_ABSENT])).to_numpy(zero_copy_only=False)
+
+
+def resolve(reduced: pa.Table, held: np.ndarray) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """The MERGE rows and the quarantined updates, `held` saying for each row whether the table held its key
+    before the batch: a row of the path the table is on stays (IF_HELD as an upsert, IF_ABSENT as an insert);
+    an update quarantined on A only (BAD_IF_ABSENT) goes to quarantine if the table did not hold its key."""
+    kinds = reduced.column(KIND)
+    is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False) for kind in (IF_HELD, IF_ABSENT, BAD_IF_ABSENT)}
+    bad_rows = is_[BAD_IF_ABSENT] & ~held
+    bad = _bad(reduced, dict.fromkeys(np.flatnonzero(bad_rows).tolist(), "update of a key the table does not hold"))
+    keep = ~(is_[BAD_IF_ABSENT] | (is_[IF_HELD] & ~held) | (is_[IF_ABSENT] & held))
+    out = reduced.filter(pa.array(keep))
+    kind = pc.if_else(pc.equal(out.column(KIND), IF_HELD), "upsert",
+                      pc.if_else(pc.equal(out.column(KIND), IF_ABSENT), "insert", out.column(KIND)))
     return out.set_column(out.schema.get_field_index(KIND), KIND, kind), bad
 
 

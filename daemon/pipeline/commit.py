@@ -135,8 +135,8 @@ class Committer:
         result.watermark = new_watermark
         result.stale = done.stale
         reduced = done.rows if done.rows is not None or snapshot is None else self._nothing(checked_at)
-        if reduced is not None and self.cfg.cdc.update_of_absent == "quarantine":
-            reduced, absent = self._absent_updates(reduced)
+        if reduced is not None:
+            reduced, absent = self._settled(reduced, batch_id)
             bad = [*bad, *absent]
         self._quarantine(bad, batch_id, meta, checked_at, log_)
         result.quarantined = len(bad)
@@ -268,20 +268,31 @@ class Committer:
             data = data.append_column(name, column)
         return data
 
-    def _absent_updates(self, reduced: pa.Table) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
-        """Updates of keys the table does not hold go to quarantine (policy update_of_absent: quarantine)."""
-        updates = pc.equal(reduced.column(cdc.KIND), "update").to_numpy(zero_copy_only=False)
-        if not updates.any():
+    def _settled(self, reduced: pa.Table, batch_id: int) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+        """The rows whose outcome depends on whether the table held their key before the batch (an update then
+        an insert, an update quarantined only if the key was absent: `cdc.resolve`), settled by looking it up."""
+        marked = cdc.path_dependent(reduced)
+        if not marked.any():
             return reduced, []
+        held = np.zeros(reduced.num_rows, dtype=bool)
+        held[marked] = self._held(reduced.filter(pa.array(marked)), batch_id)
+        return cdc.resolve(reduced, held)
+
+    def _held(self, rows: pa.Table, batch_id: int) -> np.ndarray:
+        """Whether the table held each row's key before the batch; once the batch's merge committed (a replay),
+        the keys it held are those that merge did not insert, as the lookup found them the first time."""
         keys = list(self.cfg.cdc.primary_key)
-        present = self.sinks.table.lookup(reduced.filter(pa.array(updates)).select(keys))
-        found = present.append_column("__present", pa.array(np.ones(present.num_rows, dtype=bool)))
-        held = keyed.beside(reduced, found, keys).column("__present")
-        absent = updates & held.is_null().to_numpy(zero_copy_only=False)
-        if not absent.any():
-            return reduced, []
-        bad = cdc.bad_rows(reduced.filter(pa.array(absent)), "update of a key the table does not hold")
-        return reduced.filter(pa.array(~absent)), bad
+        table = self.sinks.table
+        version = table.version_of(self.app_id, batch_id) if self.done(table, batch_id) else None
+        if version is None:
+            found = table.lookup(rows.select(keys))
+        else:
+            changes = table.changes(version)
+            found = changes.filter(pc.equal(changes.column("_change_type"), "insert")).select(keys)
+            found = found.group_by(keys).aggregate([])
+        found = found.append_column("__found", pa.array(np.ones(found.num_rows, dtype=bool)))
+        missing = keyed.beside(rows, found, keys).column("__found").is_null().to_numpy(zero_copy_only=False)
+        return ~missing if version is None else missing
 
     def _bury(self, reduced: pa.Table, batch_id: int) -> None:
         """Record the sequence of every deletion of the batch (newest per key wins)."""

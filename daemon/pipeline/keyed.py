@@ -42,8 +42,8 @@ class Reduction:
 
 def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | None,
               snapshot: cdc.Snapshot | None, tombstones: TableSink | None) -> Reduction:
-    """Kinds resolved, late rows set apart (the commit logs those it drops), one change per key, less those a
-    deletion in `tombstones` is newer than."""
+    """Kinds resolved, late rows set apart (the commit logs those it drops), less the changes a deletion in
+    `tombstones` is newer than, one change per key."""
     if data is None:
         return Reduction(None)
     data, bad = cdc.resolve_kinds(data, cfg.cdc)
@@ -57,28 +57,33 @@ def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | No
                 bad = [*bad, *cdc.bad_rows(data.filter(pa.array(mask)), reason)]
             data = data.filter(pa.array(~mask))
     latest = pc.max(data.column(event_time.EVENT_TIME)).as_py() if data.num_rows else None
-    reduced, dropped = cdc.reduce(data, cfg.cdc, snapshot)
-    reduced, stale = _fresh(reduced, cfg, tombstones)
-    return Reduction(reduced, (*bad, *dropped), data.num_rows, late, latest, stale)
+    kept = data.num_rows
+    if cfg.cdc.strategy in ("ledger", "snapshot"):  # one row of a key counts: the one it keeps
+        reduced, dropped = cdc.reduce(data, cfg.cdc, snapshot)
+        reduced, stale = _fresh(reduced, cfg, tombstones)
+    else:  # each change counts, as applied one by one: those older than the key's deletion never apply
+        fresh, stale = _fresh(data, cfg, tombstones)
+        reduced, dropped = cdc.reduce(fresh, cfg.cdc, snapshot)
+    return Reduction(reduced, (*bad, *dropped), kept, late, latest, stale)
 
 
-def _fresh(reduced: pa.Table, cfg: EntityConfig, tombstones: TableSink | None) -> tuple[pa.Table, int]:
+def _fresh(rows: pa.Table, cfg: EntityConfig, tombstones: TableSink | None) -> tuple[pa.Table, int]:
     """Changes older than a deletion of their key are stale: the deletion is newer and stays."""
     keys, seq = list(cfg.cdc.primary_key), cfg.cdc.sequence_by
-    if tombstones is None or reduced.num_rows == 0:
-        return reduced, 0
-    found = tombstones.lookup(reduced.select(keys), seq)
+    if tombstones is None or rows.num_rows == 0:
+        return rows, 0
+    found = tombstones.lookup(rows.select(keys), seq)
     if found.num_rows == 0:
-        return reduced, 0
+        return rows, 0
     found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
-    joined = beside(reduced, found, keys)
-    older = np.zeros(reduced.num_rows, dtype=bool)
-    equal = np.ones(reduced.num_rows, dtype=bool)
+    joined = beside(rows, found, keys)
+    older = np.zeros(rows.num_rows, dtype=bool)
+    equal = np.ones(rows.num_rows, dtype=bool)
     for c in seq:  # lexicographic: older at the first sequence column that differs
-        mine, tomb = reduced.column(c), joined.column(f"__tomb_{c}")
+        mine, tomb = rows.column(c), joined.column(f"__tomb_{c}")
         older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
         equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
-    return (reduced.filter(pa.array(~older)) if older.any() else reduced), int(older.sum())
+    return (rows.filter(pa.array(~older)) if older.any() else rows), int(older.sum())
 
 
 def beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
