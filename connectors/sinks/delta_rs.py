@@ -4,14 +4,12 @@ every table, whichever writer wrote it (connectors/sinks/delta_spark.py writes t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -31,6 +29,18 @@ from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_log import commit_metadata
+from lakefeed.connectors.sinks.merge_sql import (
+    DATAFUSION,
+    changed_clause,
+    history_close,
+    history_match,
+    history_open,
+    inserted_kinds,
+    kind_in,
+    newer_clause,
+    within,
+)
+from lakefeed.connectors.sinks.pruning import may_hold
 
 _log = log.get(__name__)
 CDF = "delta.enableChangeDataFeed"
@@ -225,10 +235,9 @@ class DeltaRsSink(TableSink):
             table.alter.set_table_properties({CDF: "true"})
         assert table is not None
         before = table.version()
-        values = {c: _col("s", c) for c in columns}
-        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
-        merger = table.merge(source, predicate=on, source_alias="s", target_alias="t", merge_schema=True,
-                             writer_properties=self._writer,
+        values = DATAFUSION.assign(columns)
+        merger = table.merge(source, predicate=DATAFUSION.same_keys(plan.keys), source_alias="s", target_alias="t",
+                             merge_schema=True, writer_properties=self._writer,
                              commit_properties=CommitProperties(custom_metadata=metadata,
                                                                 app_transactions=[Transaction(app_id, version)]))
         existing = set(pa.schema(table.schema().to_arrow()).names)
@@ -240,11 +249,10 @@ class DeltaRsSink(TableSink):
                       .when_not_matched_by_source_delete(predicate=within(plan.scope)))
         else:
             newer = newer_clause(plan.sequence)
-            inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
-            merger = (merger.when_matched_delete(predicate=f"s.{KIND} = 'delete' AND ({newer})")
-                      .when_matched_update(values, predicate=f"s.{KIND} IN ('upsert', 'update') AND ({newer}) "
+            merger = (merger.when_matched_delete(predicate=f"{kind_in(('delete',))} AND ({newer})")
+                      .when_matched_update(values, predicate=f"{kind_in(('upsert', 'update'))} AND ({newer}) "
                                                              f"AND ({changed})")
-                      .when_not_matched_insert(values, predicate=f"s.{KIND} IN ({inserting})"))
+                      .when_not_matched_insert(values, predicate=kind_in(inserted_kinds(plan))))
         merger.execute()
         if table.version() != before:  # the merge committed (delta-rs brings the table it merged into up to it)
             self._committed(app_id, table.version(), version)
@@ -265,12 +273,11 @@ class DeltaRsSink(TableSink):
         table = self._load()
         assert table is not None
         before = table.version()
-        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
-        (table.merge(source, predicate=f"{on} AND t.is_current AND s.__h = 'close'", source_alias="s",
-                     target_alias="t", merge_schema=True, writer_properties=self._writer,
+        (table.merge(source, predicate=history_match(keys), source_alias="s", target_alias="t", merge_schema=True,
+                     writer_properties=self._writer,
                      commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]))
-         .when_matched_update({"valid_to": "s.__at", "is_current": "false"})
-         .when_not_matched_insert({c: _col("s", c) for c in columns}, predicate="s.__h = 'open'")
+         .when_matched_update(history_close())
+         .when_not_matched_insert(DATAFUSION.assign(columns), predicate=history_open())
          .execute())
         if table.version() != before:
             self._committed(app_id, table.version(), version)
@@ -285,7 +292,7 @@ class DeltaRsSink(TableSink):
         # Rows are matched here, not by a dataset filter: Arrow compares a filter's values with the files'
         # statistics, which delta-rs gives as string_view for string columns, and has no kernel for that
         # (every lookup of a string key failed). The join makes composite keys exact.
-        dataset = _may_hold(table, names[0], first)
+        dataset = may_hold(table, names[0], first)
         schema = delta_compatible(pa.schema([dataset.schema.field(c) for c in [*names, *columns]]))
         found = [batch.filter(pc.is_in(batch.column(names[0]), value_set=first))
                  for batch in map(_plain, dataset.to_batches(columns=[*names, *columns]))]
@@ -337,64 +344,3 @@ def _plain(data: TableOrBatch) -> TableOrBatch:
     """Delta's own types (string for large_string and string_view, …), so that values compare and join."""
     schema = delta_compatible(data.schema)
     return data if data.schema == schema else data.cast(schema)
-
-
-def _may_hold(table: DeltaTable, column: str, values: pa.Array) -> ds.Dataset:
-    """The table's files, less those whose statistics of `column` show they hold none of `values`."""
-    dataset = table.to_pyarrow_dataset()
-    actions = pa.table(table.get_add_actions(flatten=True))
-    low, high = f"min.{column}", f"max.{column}"
-    if low not in actions.column_names or high not in actions.column_names:
-        return dataset
-    actions = actions.filter(pc.and_(pc.is_valid(actions.column(low)), pc.is_valid(actions.column(high))))
-    ordered = values.take(pc.array_sort_indices(values)).to_numpy(zero_copy_only=False)
-    # A file holds a value if one lies between its min and max: the two insertion points then differ.
-    mins, maxs = (actions.column(c).cast(values.type).to_numpy(zero_copy_only=False) for c in (low, high))
-    first, past = np.searchsorted(ordered, mins, "left"), np.searchsorted(ordered, maxs, "right")
-    outside = set(actions.column("path").filter(pa.array(first == past)).to_pylist())
-    kept = [f for f in dataset.get_fragments() if f.path not in outside]  # a path spelt otherwise is read
-    return ds.FileSystemDataset(kept, dataset.schema, dataset.format, dataset.filesystem)
-
-
-def _col(alias: str, name: str) -> str:
-    return f'{alias}."{name}"'
-
-
-# SQL for MERGE's clauses, in both writers' dialects: `col(alias, name)` quotes a column (delta-rs's DataFusion
-# takes "name", Spark `name`); the rest of the SQL is the same in both.
-Quote = Callable[[str, str], str]
-
-
-def within(scope: tuple[str, tuple[str, ...]] | None, col: Quote = _col) -> str | None:
-    """The table rows a scoped snapshot replaces: those whose scope column holds one of its values."""
-    if scope is None:
-        return None
-    column, values = scope
-    if not values:
-        return "FALSE"
-    return f"{col('t', column)} IN ({', '.join(_text(v) for v in values)})"
-
-
-def _text(value: str) -> str:
-    """A SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def newer_clause(seq: tuple[str, ...], col: Quote = _col) -> str:
-    """Source sequence >= target sequence, lexicographically; ties go to the later arrival (the source)."""
-    if not seq:
-        return "TRUE"
-    *head, last = seq
-    clauses, equal = [], []
-    for c in head:
-        clauses.append("(" + " AND ".join([*equal, f"{col('s', c)} > {col('t', c)}"]) + ")")
-        equal.append(f"{col('s', c)} = {col('t', c)}")
-    clauses.append("(" + " AND ".join([*equal, f"{col('s', last)} >= {col('t', last)}"]) + ")")
-    return " OR ".join(clauses)
-
-
-def changed_clause(columns: tuple[str, ...], new_columns: tuple[str, ...] = (), col: Quote = _col) -> str:
-    """A matched row changes if a compared column differs, or a column the table gains gets a value."""
-    clauses = [f"({col('t', c)} IS DISTINCT FROM {col('s', c)})" for c in columns]
-    clauses += [f"({col('s', c)} IS NOT NULL)" for c in new_columns]
-    return " OR ".join(clauses) or "FALSE"

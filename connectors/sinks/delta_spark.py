@@ -27,6 +27,17 @@ from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks import delta_rs
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.connectors.sinks.merge_sql import (
+    SPARK,
+    changed_clause,
+    history_close,
+    history_match,
+    history_open,
+    inserted_kinds,
+    kind_in,
+    newer_clause,
+    within,
+)
 
 _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -84,10 +95,6 @@ def _set_write_confs(session: SparkSession) -> None:
     # readers do without. A value set in `spark.conf` is kept.
     if not context.getConf().contains(_CHECKSUM):
         session.conf.set(_CHECKSUM, "false")
-
-
-def _col(alias: str, name: str) -> str:
-    return f"{alias}.`{name.replace('`', '``')}`"
 
 
 class DeltaSparkSink(DeltaRsSink):
@@ -157,18 +164,15 @@ class DeltaSparkSink(DeltaRsSink):
         assert table is not None
         before, current = table.version(), pa.schema(table.schema().to_arrow())
         existing = set(current.names)
-        values = {c: _col("s", c) for c in columns}
-        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in plan.keys)
-        changed = delta_rs.changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
-                                          tuple(c for c in plan.compare if c in columns and c not in existing),
-                                          col=_col)
+        values, on = SPARK.assign(columns), SPARK.same_keys(plan.keys)
+        changed = changed_clause(tuple(c for c in plan.compare if c in columns and c in existing),
+                                 tuple(c for c in plan.compare if c in columns and c not in existing), SPARK)
         target = DeltaTable.forPath(self._spark, self._path)
         acting = self._acting(frame, target.toDF(), plan, on, changed, existing)
-        inserting = "'upsert', 'insert', 'update'" if plan.insert_updates_of_absent else "'upsert', 'insert'"
         merger = (target.alias("t").merge(acting.alias("s"), on).withSchemaEvolution()
-                  .whenMatchedDelete(f"s.{KIND} = 'delete'")
-                  .whenMatchedUpdate(f"s.{KIND} IN ('upsert', 'update')", values)
-                  .whenNotMatchedInsert(f"s.{KIND} IN ({inserting})", values))
+                  .whenMatchedDelete(kind_in(("delete",), SPARK))
+                  .whenMatchedUpdate(kind_in(("upsert", "update"), SPARK), values)
+                  .whenNotMatchedInsert(kind_in(inserted_kinds(plan), SPARK), values))
         with self._transaction(app_id, version, metadata):
             merger.execute()
         after = self.version()
@@ -185,11 +189,10 @@ class DeltaSparkSink(DeltaRsSink):
         frame = self._frame(source)
         if self.schema() is None:
             self._create(source.select(columns).schema, cdf=False)
-        on = " AND ".join(f"{_col('t', k)} = {_col('s', k)}" for k in keys)
         merger = (DeltaTable.forPath(self._spark, self._path).alias("t")
-                  .merge(frame.alias("s"), f"{on} AND t.is_current AND s.__h = 'close'").withSchemaEvolution()
-                  .whenMatchedUpdate(set={"valid_to": "s.__at", "is_current": "false"})
-                  .whenNotMatchedInsert("s.__h = 'open'", {c: _col("s", c) for c in columns}))
+                  .merge(frame.alias("s"), history_match(keys, SPARK)).withSchemaEvolution()
+                  .whenMatchedUpdate(set=history_close(SPARK))
+                  .whenNotMatchedInsert(history_open(SPARK), SPARK.assign(columns)))
         with self._transaction(app_id, version, {}):
             merger.execute()
 
@@ -207,21 +210,21 @@ class DeltaSparkSink(DeltaRsSink):
 
         keys = list(plan.keys)
         wanted = [c for c in dict.fromkeys([*keys, *plan.compare, *plan.sequence]) if c in existing]
-        t = target.select(*wanted).alias("t")
+        t = target.select(*[F.col(SPARK.name(c)) for c in wanted]).alias("t")
         matched = source.alias("s").join(t, F.expr(on), "left")
-        absent = " AND ".join(f"{_col('t', k)} IS NULL" for k in keys)
+        absent = " AND ".join(f"{SPARK.col('t', k)} IS NULL" for k in keys)
         if plan.snapshot:
             upserts = (matched.where(f"({absent}) OR ({changed})").select("s.*")
                        .withColumn(KIND, F.lit("upsert")))
-            within = delta_rs.within(plan.scope, col=_col)
-            kept = target.alias("t").where(within) if within else target.alias("t")
+            scoped = within(plan.scope, SPARK)
+            kept = target.alias("t").where(scoped) if scoped else target.alias("t")
             gone = (kept.join(source.alias("s"), F.expr(on), "left_anti")
-                    .select(*[F.col(f"t.`{k}`").cast(source.schema[k].dataType).alias(k) for k in keys])
+                    .select(*[F.col(SPARK.col("t", k)).cast(source.schema[k].dataType).alias(k) for k in keys])
                     .withColumn(KIND, F.lit("delete")))
             return upserts.unionByName(gone, allowMissingColumns=True)
-        newer = delta_rs.newer_clause(plan.sequence, col=_col)
-        acts = (f"({absent}) OR (s.{KIND} = 'delete' AND ({newer})) OR "
-                f"(s.{KIND} IN ('upsert', 'update') AND ({newer}) AND ({changed}))")
+        newer = newer_clause(plan.sequence, SPARK)
+        acts = (f"({absent}) OR ({kind_in(('delete',), SPARK)} AND ({newer})) OR "
+                f"({kind_in(('upsert', 'update'), SPARK)} AND ({newer}) AND ({changed}))")
         return matched.where(acts).select("s.*")
 
     def _frame(self, data: pa.Table) -> DataFrame:
@@ -262,7 +265,7 @@ class DeltaSparkSink(DeltaRsSink):
 
     def _add_columns(self, schema: pa.Schema, current: pa.Schema) -> None:
         fields = self._frame(schema.empty_table()).schema.fields
-        added = ", ".join(f"`{f.name.replace('`', '``')}` {f.dataType.simpleString()}" for f in fields
+        added = ", ".join(f"{SPARK.name(f.name)} {f.dataType.simpleString()}" for f in fields
                           if f.name not in current.names)
         self._spark.sql(f"ALTER TABLE delta.`{self._path}` ADD COLUMNS ({added})")
 
