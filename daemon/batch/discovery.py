@@ -181,22 +181,48 @@ def parse_arguments(raw: Any) -> dict[str, list[str]]:
     return args
 
 
+def incremental_type(declaration: dict[str, Any], incremental: bool, listed_in: str) -> tuple[str | None, str | None]:
+    """The CDC type a pattern or partition declares, or what to fix when it declares none lakefeed may apply.
+
+    The trait's `type` is required and has no default (foundations.cdm.json), so a missing or unknown one is
+    an error, never the strategy's kind; a data pattern or partition must not carry the trait at all."""
+    trait = _trait_args(declaration, INCREMENTAL_TRAIT)
+    allowed = ", ".join(INCREMENTAL_TYPES)
+    if not incremental:
+        return None, None if trait is None else f"it is data, yet carries {INCREMENTAL_TRAIT}; move it to {listed_in}"
+    kind = (trait or {}).get("type")
+    if kind in INCREMENTAL_TYPES:
+        return kind, None
+    if trait is None:
+        return None, f"it carries no trait {INCREMENTAL_TRAIT}; add it with a `type` of {allowed}"
+    if kind is None:
+        return None, f"trait {INCREMENTAL_TRAIT} has no `type` (it has no default); set it to one of {allowed}"
+    near = next((t for t in INCREMENTAL_TYPES if isinstance(kind, str) and t.lower() == kind.replace("_", "").lower()),
+                None)
+    hint = f"write {near!r} (types are case-sensitive)" if near else f"use one of {allowed}"
+    return None, f"the `type` {kind!r} of trait {INCREMENTAL_TRAIT} is not a CDM incremental type; {hint}"
+
+
+def partition_from_json(declaration: dict[str, Any], incremental: bool) -> Partition | str:
+    """An explicitly listed partition from its manifest JSON, or why its file cannot be applied (logged, as an invalid
+    pattern is, once per discovery): the change kind of its rows must not be guessed."""
+    location = declaration["location"]
+    kind, problem = incremental_type(declaration, incremental, "incrementalPartitions")
+    if problem is not None:
+        _log.error("partition.invalid", location=location, reason=problem)
+        return (f"the manifest lists it as a partition that cannot be applied: {problem}; fix the manifest, then "
+                "land the file again")
+    return Partition(location, parse_arguments(declaration.get("arguments")), kind, None, True)
+
+
 def pattern_from_json(declaration: dict[str, Any], incremental: bool) -> Pattern | None:
     """A pattern from its manifest JSON, or None (logged) when it cannot be used."""
     name = declaration.get("name") or ""
     glob, regular = declaration.get("globPattern"), declaration.get("regularExpression")
     source = glob_to_regex(glob) if glob and glob.strip() else regular
-    trait = _trait_args(declaration, INCREMENTAL_TRAIT)
-    kind = None
-    if incremental:
-        kind = (trait or {}).get("type")
-        if kind not in INCREMENTAL_TYPES:
-            _log.error("pattern.invalid", pattern=name, reason=f"incremental type {kind!r} is not one of "
-                       f"{', '.join(INCREMENTAL_TYPES)} (trait {INCREMENTAL_TRAIT})")
-            return None
-    elif trait is not None:
-        _log.error("pattern.invalid", pattern=name, reason=f"a data partition pattern carries {INCREMENTAL_TRAIT};"
-                   " move it to incrementalPartitionPatterns")
+    kind, problem = incremental_type(declaration, incremental, "incrementalPartitionPatterns")
+    if problem is not None:
+        _log.error("pattern.invalid", pattern=name, reason=problem)
         return None
     if not source or not source.strip():
         _log.error("pattern.invalid", pattern=name, reason="no regularExpression or globPattern")
@@ -214,9 +240,12 @@ class Discovery:
     """Matches relative file paths (relative to the manifest folder) to partitions."""
 
     def __init__(self, patterns: Iterable[Pattern], explicit: Iterable[tuple[Partition, bool]] = (),
-                 first_wins: bool = False) -> None:
+                 first_wins: bool = False, invalid: Mapping[str, str] | None = None) -> None:
+        """`invalid`: listed locations whose partition cannot be applied -> why; patterns never take them (an
+        inferred partition never overwrites a listed one), so their files are unmatched with that reason."""
         self.patterns = tuple(patterns)
         self.first_wins = first_wins  # `pattern_precedence: sdk`: as the CDM SDK, the first pattern that matches
+        self.invalid = {normalize_location(location): reason for location, reason in (invalid or {}).items()}
         self._explicit: dict[str, Partition] = {}
         self._lists: dict[str, set[bool]] = {}  # location -> the lists that name it (incremental: True)
         for partition, incremental in explicit:
@@ -234,20 +263,25 @@ class Discovery:
         doubled = doubled or {}
         patterns = [pattern_from_json(p, False) for p in entity.get("dataPartitionPatterns") or ()]
         patterns += [pattern_from_json(p, True) for p in entity.get("incrementalPartitionPatterns") or ()]
-        explicit = []
+        explicit, invalid = [], {}
         for key, incremental in (("dataPartitions", False), ("incrementalPartitions", True)):
             for decl in entity.get(key) or ():
                 location = decl.get("location")
                 if not location or normalize_location(location) in owned or \
                         doubled.get(normalize_location(location)) is incremental:
                     continue
-                kind = (_trait_args(decl, INCREMENTAL_TRAIT) or {}).get("type") if incremental else None
-                explicit.append((Partition(location, parse_arguments(decl.get("arguments")), kind, None, True),
-                                 incremental))
-        return cls([p for p in patterns if p is not None], explicit, first_wins=precedence == "sdk")
+                partition = partition_from_json(decl, incremental)
+                if isinstance(partition, str):
+                    invalid[location] = partition
+                else:
+                    explicit.append((partition, incremental))
+        return cls([p for p in patterns if p is not None], explicit, precedence == "sdk", invalid)
 
     def match(self, relative_path: str) -> Partition | None:
-        explicit = self._explicit.get(normalize_location(relative_path))
+        location = normalize_location(relative_path)
+        if location in self.invalid:
+            return None
+        explicit = self._explicit.get(location)
         if explicit is not None:
             return explicit
         found = None
@@ -315,14 +349,18 @@ class Siblings:
     def take(self, relative: str) -> bool:
         if self._discoveries is None:
             self._discoveries = [Discovery.from_entity(e) for e in self._entities]
-        return any(d.match(relative) is not None for d in self._discoveries)
+        return any(d.match(relative) is not None or normalize_location(relative) in d.invalid
+                   for d in self._discoveries)
 
 
 def discover(discovery: Discovery, siblings: Siblings, relative: str, path: str, log_: Any) -> Partition | None:
     """A landed file's partition (None: not the entity's), logged as found, left to a sibling entity, or unmatched
     with the reason."""
     partition = discovery.match(relative)
-    if partition is None and siblings.take(relative):
+    invalid = discovery.invalid.get(normalize_location(relative))
+    if invalid is not None:
+        log_.warning("file.unmatched", file=path, relative=relative, reason=invalid)
+    elif partition is None and siblings.take(relative):
         log_.debug("file.sibling", file=path, relative=relative)  # another entity of the folder's
     elif partition is None and relative in discovery.timed_out:
         log_.warning("file.unmatched", file=path, relative=relative,

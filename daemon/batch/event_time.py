@@ -42,12 +42,8 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
     if spec.source == "file_mtime":
         return table.append_column(EVENT_TIME, constant(clock.from_ns(mtime_ns), n)), []
     if spec.source == "path":
-        assert spec.path_pattern is not None
-        match = re.search(spec.path_pattern, location)
         try:
-            if match is None:
-                raise ValueError(f"path_pattern {spec.path_pattern!r} does not match")
-            when = datetime.strptime(match.group(1), spec.path_format).replace(tzinfo=UTC)  # noqa: DTZ007
+            when = _from_path(spec, location)
         except ValueError as exc:
             return table.slice(0, 0).append_column(EVENT_TIME, constant(system_time, 0)), [
                 BadRow(None, f"event time from path {location!r}: {exc}", f"{n} rows")]
@@ -73,6 +69,19 @@ def stamp(table: pa.Table, spec: EventTimeConfig, location: str, mtime_ns: int,
     rows, outside = _held(table.append_column(EVENT_TIME, pa.array(parsed, _TS)).filter(pa.array(keep)), spec.column)
     return rows, [BadRow(None, f"event time {as_python(values[i])!r} in column {spec.column!r} is not a timestamp",
                          str(as_python(values[i]))) for i in bad] + outside
+
+
+def _from_path(spec: EventTimeConfig, location: str) -> datetime:
+    """The time the first group of `path_pattern` captures from a location; ValueError when there is none to read."""
+    assert spec.path_pattern is not None
+    match = re.search(spec.path_pattern, location)
+    if match is None:
+        raise ValueError(f"path_pattern {spec.path_pattern!r} does not match")
+    text = match.group(1)
+    if text is None:  # an alternative without the group matched (`day=(…)|undated`)
+        raise ValueError(f"path_pattern {spec.path_pattern!r} matches, but its first group captures nothing; "
+                         "make the group take part in every match or move the file to a dated path")
+    return datetime.strptime(text, spec.path_format).replace(tzinfo=UTC)  # noqa: DTZ007
 
 
 def _held(rows: pa.Table, column: str) -> tuple[pa.Table, list[BadRow]]:

@@ -49,10 +49,10 @@ def _field(attribute: dict[str, Any]) -> pa.Field:
 
 
 def delta_compatible(schema: pa.Schema) -> pa.Schema:
-    """Types Delta Lake can store: UTC microsecond timestamps, signed integers, no null type."""
+    """Types Delta Lake can store: UTC microsecond timestamps, signed integers, no null type, no dictionaries."""
     fields = []
     for f in schema:
-        t = f.type
+        t = decoded(f.type)
         if pa.types.is_null(t):
             t = pa.string()
         elif pa.types.is_timestamp(t):
@@ -65,6 +65,26 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
             t = pa.binary()
         fields.append(pa.field(f.name, t, nullable=True))
     return pa.schema(fields)
+
+
+def decoded(t: pa.DataType) -> pa.DataType:
+    """`t` with every dictionary, at any depth, replaced by its value type. A dictionary (pandas' `Categorical`, read
+    from Parquet) is only an encoding, which Delta stores as its values, but Arrow cannot sort by one (the keyed
+    reduction sorts by key) and ODF has no type for one (the changelog): decoded once, when rows are conformed."""
+    if pa.types.is_dictionary(t):
+        return decoded(t.value_type)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(decoded(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(decoded(t.key_type)), t.item_field.with_type(decoded(t.item_type)),
+                       t.keys_sorted)
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(decoded(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(decoded(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(decoded(t.value_type)))
+    return t
 
 
 _FRACTION_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
