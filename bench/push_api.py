@@ -587,14 +587,15 @@ def fsync_floor(folder: Path, bodies: list[bytes], rows: int, group: int, second
 def decode_floor(cfg_path: Path, table: Path, bodies: list[bytes], rows: int, kind: str,
                  seconds: float) -> dict[str, Any]:
     """lakefeed's per-request CPU work (decode, validate against the table's schema, encode), one thread."""
-    entity = lakefeed_config.load(cfg_path).entity(ENTITY)
+    cfg = lakefeed_config.load(cfg_path)
+    entity, limit = cfg.entity(ENTITY), cfg.http.max_body_bytes
     schema = pa.schema(DeltaTable(str(table)).schema().to_arrow())
     # As EntityPipeline.schema(): the table's columns without provenance and lakefeed's own.
     target = pa.schema([f for f in schema if f.name != "source_file" and not f.name.startswith("__")])
     n = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        encode(validate(decode(bodies[n % len(bodies)], CONTENT_TYPES[kind], target), entity, target))
+        encode(validate(decode(bodies[n % len(bodies)], CONTENT_TYPES[kind], target, limit), entity, target))
         n += 1
     elapsed = time.perf_counter() - t0
     return {"requests_per_s": round(n / elapsed, 1), "records_per_s": round(n * rows / elapsed),
