@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 
-from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
+from lakefeed.inbox.files import DAMAGED, FileEvent, Inbox, InboxReader
 
 
 def test_offer_is_durable_dense_and_never_enqueues_an_identity_twice(tmp_path):
@@ -44,6 +44,26 @@ def test_torn_last_line_is_dropped_on_open(tmp_path):
     assert len(inbox) == 1
     assert [r.offset for r in inbox.offer([FileEvent("/l/b.csv", 2, 2)])] == [1]
     assert [r.path for r in InboxReader(tmp_path).records(0, 2)] == ["/l/a.csv", "/l/b.csv"]
+
+
+def test_damaged_lines_inside_the_log_neither_stop_it_opening_nor_move_offsets(tmp_path):
+    """A tear an earlier lakefeed left inside the log (a short write followed by the record written again) and a
+    line the disk damaged: the log opens, the record after a tear is read with its line's offset, a line past
+    saving is a record of the damage (its file is not seen, so a listing offers it again), later offsets hold."""
+    inbox = Inbox(tmp_path)
+    inbox.offer([FileEvent("/l/a.csv", 1, 1)])
+    inbox.close()
+    b = '{"o": 1, "p": "/l/b.csv", "s": 2, "m": 2, "t": "2026-01-01T00:00:00.000Z"}'
+    with open(tmp_path / "inbox.log", "ab") as f:
+        f.write(b[:20].encode() + b.encode() + b"\n" + b'{"o": 2, "p": "/l/c.c\xff\x00garbage\n')
+    inbox = Inbox(tmp_path)
+    assert len(inbox) == 3 and not inbox.present("/l/c.csv")
+    assert [r.offset for r in inbox.offer([FileEvent("/l/b.csv", 2, 2), FileEvent("/l/d.csv", 4, 4)])] == [3]
+    records = InboxReader(tmp_path).records(0, 4)
+    assert [(r.offset, r.path) for r in records[:2]] == [(0, "/l/a.csv"), (1, "/l/b.csv")]
+    assert records[2].offset == 2 and records[2].path.startswith(DAMAGED) and "inbox line 2 is damaged" in \
+        records[2].problem
+    assert (records[3].offset, records[3].path) == (3, "/l/d.csv")
 
 
 def test_reader_reads_incrementally_and_by_range(tmp_path):

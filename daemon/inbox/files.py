@@ -19,10 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakefeed import clock
+from lakefeed import clock, log
 from lakefeed.inbox.segments import write_durably
 
+_log = log.get(__name__)
 LOG_NAME = "inbox.log"
+DAMAGED = "\0damaged inbox line "  # the path of a damaged line's record: no file has it, no pattern matches it
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
 
@@ -77,8 +79,28 @@ SPARK_SCHEMA = ("offset long, path string, size long, mtime_ns long, enqueued_at
                 "removed boolean, problem string")
 
 
-def _parse(line: bytes) -> InboxRecord:
-    d = json.loads(line)
+_RECORD = b'{"o": '  # how `_line` starts every record
+
+
+def _parse(line: bytes, offset: int) -> InboxRecord:
+    """The record on the line with that offset. A damaged line (a tear an earlier lakefeed left inside the log, or
+    the disk's doing) is the record written after the tear when one is there, with the line's offset; else a
+    record of the damage, which no pattern matches (the file it named is offered again by the next listing)."""
+    try:
+        return _record(json.loads(line))
+    except (ValueError, KeyError, TypeError):
+        pass
+    if (start := line.rfind(_RECORD)) > 0:
+        try:
+            if (rec := _record(json.loads(line[start:]))).offset == offset:
+                return rec
+        except (ValueError, KeyError, TypeError):
+            pass
+    problem = f"inbox line {offset} is damaged: {line[:200].decode('utf-8', 'backslashreplace')}"
+    return InboxRecord(offset, f"{DAMAGED}{offset}", 0, 0, "", problem=problem)
+
+
+def _record(d: dict) -> InboxRecord:
     return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"], d.get("e", ""), d.get("r", False), d.get("x", ""))
 
 
@@ -117,8 +139,11 @@ class Inbox:
             with open(self.path, "r+b") as f:
                 f.truncate(len(complete))
                 os.fsync(f.fileno())
-        for line in complete.splitlines():
-            rec = _parse(line)
+        for offset, line in enumerate(complete.splitlines()):
+            rec = _parse(line, offset)
+            if rec.path.startswith(DAMAGED):
+                _log.error("inbox.line_damaged", inbox=str(self.path), offset=offset, problem=rec.problem)
+                continue
             self._seen.add(rec.identity)
             self._removed[rec.path] = rec.removed
         self._count = complete.count(b"\n")
@@ -215,4 +240,4 @@ class InboxReader:
             f.seek(self._starts[start])
             stop = self._starts[end] if end < len(self._starts) else self._end
             data = f.read(stop - self._starts[start])
-        return [_parse(line) for line in data.splitlines()]
+        return [_parse(line, offset) for offset, line in enumerate(data.splitlines(), start)]

@@ -100,17 +100,28 @@ def _segments(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{SUFFIX}"))
 
 
+class DamagedFrame(ValueError):
+    """A frame whose bytes no longer match its CRC: reading it again gives the same bytes, so it is the data's
+    fault, not the store's (the frame is quarantined as it is, daemon/pipeline/tasks.py)."""
+
+
 def read_entry(folder: Path, entry: Entry) -> pa.Table:
     """The records of one frame (checked against its CRC)."""
-    with open(folder / entry.segment, "rb") as f:
-        f.seek(entry.position)
-        data = f.read(entry.length)
-    magic, head_len, body_len, crc = _HEAD.unpack_from(data)
+    data = frame_bytes(folder, entry)
+    magic, head_len, body_len, crc = _HEAD.unpack_from(data) if len(data) >= _HEAD.size else (b"", 0, -1, 0)
     head = data[_HEAD.size:_HEAD.size + head_len]
     body = data[_HEAD.size + head_len:]
     if magic != MAGIC or len(body) != body_len or zlib.crc32(body, zlib.crc32(head)) != crc:
-        raise OSError(f"spool frame {entry.offset} in {folder / entry.segment} is damaged")
+        raise DamagedFrame(f"spool frame {entry.offset} in {folder / entry.segment} is damaged (its CRC does not "
+                           "match)")
     return pa.ipc.open_stream(body).read_all()
+
+
+def frame_bytes(folder: Path, entry: Entry) -> bytes:
+    """A frame as it is on disk, header and all."""
+    with open(folder / entry.segment, "rb") as f:
+        f.seek(entry.position)
+        return f.read(entry.length)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from lakefeed import clock, failpoints, log
 from lakefeed.batch.discovery import INCREMENTAL_TRAIT, Partition, normalize_location
-from lakefeed.batch.schema import entity_document, is_generated
+from lakefeed.batch.schema import entity_document, from_entity_document, is_generated
 from lakefeed.config.model import EntityConfig, PatternSpec
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.base import TableSink
@@ -351,3 +353,11 @@ def schema_document(root: Path, entity: dict[str, Any]) -> Path | None:
         return None
     document = path[: path.index(".cdm.json") + len(".cdm.json")]
     return root / normalize_location(document)
+
+
+def declared_schema(root: Path, entity: dict[str, Any], name: str) -> pa.Schema | None:
+    """The schema the entity's schema document declares (None: it has none, or no such file)."""
+    document = schema_document(root, entity)
+    if document is None or not document.exists():
+        return None
+    return from_entity_document(document, name)

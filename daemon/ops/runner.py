@@ -41,7 +41,7 @@ from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.spark import FrameParts, SparkSpread
 from lakefeed.pipeline.commit import BatchResult
 from lakefeed.pipeline.entity import EntityPipeline
-from lakefeed.pipeline.faults import store_fault
+from lakefeed.pipeline.verdict import store_fault
 from lakefeed.pipeline.sinks import Sinks
 
 _log = log.get(__name__)

@@ -20,7 +20,6 @@ from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, positions
 from lakefeed.batch.discovery import Discovery, Partition, Siblings, discover
 from lakefeed.batch.provenance import file_schema
-from lakefeed.batch.schema import from_entity_document
 from lakefeed.config.model import FILES, EntityConfig
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import Abandoned
@@ -28,7 +27,7 @@ from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
-from lakefeed.manifests.cdm import ManifestKeeper, ensure_entity, partition_record, schema_document
+from lakefeed.manifests.cdm import ManifestKeeper, declared_schema, ensure_entity, partition_record, schema_document
 from lakefeed.odf.chain import OdfChain
 from lakefeed.pipeline import keyed, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
@@ -36,6 +35,7 @@ from lakefeed.pipeline.compaction import Compactor
 from lakefeed.pipeline.faults import commit_or_park, park_staged
 from lakefeed.pipeline.pace import ManifestPace
 from lakefeed.pipeline.sinks import Sinks
+from lakefeed.pipeline.verdict import data_fault
 
 _log = log.get(__name__)
 FRAME_ROWS_PER_TASK = 50_000  # fewer rows decode faster in this batch's one task than Spark starts another
@@ -109,7 +109,7 @@ class EntityPipeline:
         schema = self.sinks.table.schema()
         if schema is None:
             doc = cdm_manifest.load(self.cfg.manifest)
-            schema = self._declared_schema(cdm_manifest.find_entity(doc, self.cfg.name) or {})
+            schema = declared_schema(self.root, cdm_manifest.find_entity(doc, self.cfg.name) or {}, self.cfg.name)
         return file_schema(schema, {})
 
     def _table_changed(self) -> None:
@@ -266,7 +266,7 @@ class EntityPipeline:
         discovery = Discovery.from_entity(entity, self.keeper.owned(), self.cfg.pattern_precedence,
                                           self.keeper.doubled())
         siblings = Siblings(doc, self.cfg.name)
-        target = self.sinks.table.schema() or self._declared_schema(entity)
+        target = self.sinks.table.schema() or declared_schema(self.root, entity, self.cfg.name)
         matched, removed, also = [], {}, {}
         for rec in records:
             self._go_on()
@@ -336,8 +336,13 @@ class EntityPipeline:
         description = f"lakefeed {self.cfg.name} {stream + ' ' if stream else ''}batch {batch_id}"
         if whole and len(jobs) == 1 and (one := keyed.in_one_task(self.cfg, stage, jobs[0], committer, batch_id)):
             work, job, what = one
-            done = self.spread.map(work, [job], f"{description}: read and {what}")[0]
-            return list(done.staged), done
+            try:
+                done = self.spread.map(work, [job], f"{description}: read and {what}")[0]
+                return list(done.staged), done
+            except Exception as exc:  # staged alone, the rows are written or reduced by the commit, which parks them
+                if not data_fault(exc):
+                    raise
+                _log.warning("batch.unfused", entity=self.cfg.name, batch_id=batch_id, error=str(exc)[:500])
         staged = self.spread.map(stage, jobs, f"{description}: read")
         return [s for run in staged for s in run], None
 
@@ -391,9 +396,3 @@ class EntityPipeline:
     def _go_on(self) -> None:
         if self.halted():
             raise Abandoned("the daemon is stopping, and the time it gives a running batch is up")
-
-    def _declared_schema(self, entity: dict) -> pa.Schema | None:
-        document = schema_document(self.root, entity)
-        if document is None or not document.exists():
-            return None
-        return from_entity_document(document, self.cfg.name)

@@ -45,6 +45,8 @@ from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Storage, make_folder
 from lakefeed.odf import slices
+from lakefeed.pipeline import unstaged
+from lakefeed.pipeline.verdict import data_fault
 
 _log = log.get(__name__)
 Job = TypeVar("Job")
@@ -130,7 +132,18 @@ class Staged:
 def stage(job: StageJob) -> list[Staged]:
     where, _ = worker()
     store = Storage(job.cfg.storage)
-    return [_stage_one(job, store, rec, partition, where) for rec, partition in job.files]
+    return [_stage_guarded(job, store, rec, partition, where) for rec, partition in job.files]
+
+
+def _stage_guarded(job: StageJob, store: Storage, rec: InboxRecord, partition: Partition, where: str) -> Staged:
+    """`_stage_one`, or the file quarantined by name for a data fault no check foresaw (daemon/pipeline/unstaged.py)."""
+    try:
+        return _stage_one(job, store, rec, partition, where)
+    except Exception as exc:
+        if not data_fault(exc):
+            raise
+        bad = unstaged.file_rows(partition.location, exc, _log.bind(entity=job.cfg.name, file=rec.path))
+        return Staged(rec.offset, partition.location, True, bad=bad, worker=where)
 
 
 def _stage_one(job: StageJob, store: Storage, rec: InboxRecord, partition: Partition, where: str) -> Staged:
@@ -156,13 +169,33 @@ class FramesJob:
 
 
 def stage_frames(job: FramesJob) -> list[Staged]:
-    """A run of push frames: decoded from the spool, conformed, tagged and stamped (daemon/batch/frames.py), staged
-    under the name of its first frame's offset."""
+    """A run of push frames, decoded from the spool, conformed, tagged and stamped (daemon/batch/frames.py) and staged
+    under its first frame's offset (each frame under its own if one fails to: daemon/pipeline/unstaged.py)."""
     where, _ = worker()
-    first = job.entries[0].offset
-    table, bad = frames.rows_of(job.cfg, job.stream, job.entries, job.target, job.checked_at)
-    return [_staged(job, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad, where,
-                    _log.bind(entity=job.cfg.name, stream=job.stream))]
+    try:
+        return [_frames_staged(job, job.entries, where)]
+    except Exception as exc:
+        if not data_fault(exc):
+            raise
+    out = []
+    for entry in job.entries:  # one frame at a time: only the frames at fault are quarantined
+        try:
+            out.append(_frames_staged(job, (entry,), where))
+        except Exception as exc:
+            if not data_fault(exc):
+                raise
+            location = f"push/{job.stream}/{entry.offset}"
+            bad = unstaged.frame_rows(job.cfg.spool(job.stream), location, entry, exc,
+                                      _log.bind(entity=job.cfg.name, stream=job.stream, frame=entry.offset))
+            out.append(Staged(entry.offset, location, True, bad=bad, worker=where))
+    return out
+
+
+def _frames_staged(job: FramesJob, entries: tuple[Entry, ...], where: str) -> Staged:
+    first = entries[0].offset
+    table, bad = frames.rows_of(job.cfg, job.stream, entries, job.target, job.checked_at)
+    return _staged(job, Storage(job.cfg.storage), first, f"push/{job.stream}/{first}", table, bad, where,
+                   _log.bind(entity=job.cfg.name, stream=job.stream))
 
 
 @dataclass(frozen=True)
@@ -188,6 +221,17 @@ def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessag
     """A part of a Kafka batch: values decoded and conformed, event time stamped, a keyed entity's rows tagged
     (numbered within the part: the reduction orders the parts), staged under the part's number."""
     where, _ = worker()
+    try:
+        return _messages_staged(job, batch, part, where)
+    except Exception as exc:
+        if not data_fault(exc):
+            raise
+        bad = unstaged.message_rows(batch, exc, _log.bind(entity=job.cfg.name, stream=job.stream, part=part))
+        return StagedMessages(Staged(part, f"kafka/{job.stream}", True, bad=bad, worker=where), batch.num_rows,
+                              batch.column("value").null_count, positions.message_ends(batch))
+
+
+def _messages_staged(job: MessagesJob, batch: pa.Table, part: int, where: str) -> StagedMessages:
     cfg = job.cfg
     source = cfg.kafka_source(job.stream)
     assert source is not None
