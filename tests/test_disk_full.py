@@ -5,6 +5,7 @@ for new when offered again."""
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from lakefeed.config import model as config
+from lakefeed.inbox import segments
 from lakefeed.inbox.files import LOG_NAME, FileEvent, Inbox, InboxReader
 from lakefeed.inbox.segments import SpoolWriteError
 from lakefeed.inbox.spool import Pending, Spool, SpoolReader, encode, read_entry
@@ -71,6 +73,56 @@ def test_a_write_the_disk_cannot_take_is_refused_and_cut_back(small_disk):
     texts = [read_entry(small_disk / "spool", e).column("v")[0].as_py()[0] for e in entries]  # CRCs checked
     assert texts[0] == "a" and texts[-1] == "z" and len(texts) == len(acked)
     reopened.close()
+
+
+def test_frames_of_a_refused_group_are_never_read_though_whole_on_disk_until_the_cut(small_disk, monkeypatch):
+    """A group commit the disk takes only part of: its first frame is whole on disk until the cut. A reader that
+    looks just then (Spark's planner, another process) must not take it: the cut gives its offset to the next
+    acknowledged frame, which that reader would then never read. Readers stop at the writer's durable mark."""
+    spool = Spool(small_disk / "spool", segment_bytes=1 << 30, ttl_s=60)
+    spool.append([_frame("a" * 100, "k0")])
+    reader = SpoolReader(small_disk / "spool")
+    assert reader.refresh() == 1
+    seen, cut = [], segments.os.ftruncate
+
+    def look_then_cut(fd: int, length: int) -> None:
+        seen.append((os.fstat(fd).st_size > length, reader.refresh()))
+        cut(fd, length)
+
+    filler = _fill(small_disk, leave=8192)
+    monkeypatch.setattr(segments.os, "ftruncate", look_then_cut)
+    with pytest.raises(SpoolWriteError):
+        spool.append([_frame("b" * 1500, "k1"), _frame("c" * 200_000, "k2")])  # the first fits, the second not
+    monkeypatch.undo()
+    filler.unlink()
+    assert seen == [(True, 1)], "a frame that was never acknowledged was read"
+    spool.append([_frame("d" * 100, "k3")])
+    assert reader.refresh() == 2
+    [entry] = reader.entries(1, 2)
+    assert entry.key == "k3" and read_entry(small_disk / "spool", entry).column("v")[0].as_py() == "d" * 100
+    spool.close()
+
+
+def test_inbox_records_an_append_failed_to_make_durable_are_never_read(tmp_path, monkeypatch):
+    """The inbox's append is written whole and its fsync fails (EIO: the disk's doing, injected here): a reader
+    in another process that looks before the cut must not take the records; their offsets go to the next ones."""
+    inbox = Inbox(tmp_path)
+    inbox.offer([FileEvent("/l/a.csv", 1, 1)])
+    reader = InboxReader(tmp_path)
+    assert reader.refresh() == 1
+    seen, fsync = [], segments.os.fsync
+
+    def look_then_fail(fd: int) -> None:
+        seen.append(reader.refresh())
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segments.os, "fsync", look_then_fail)
+    with pytest.raises(SpoolWriteError):
+        inbox.offer([FileEvent("/l/b.csv", 2, 2)])
+    monkeypatch.setattr(segments.os, "fsync", fsync)
+    assert seen == [1], "a record that was never durable was read"
+    assert [r.offset for r in inbox.offer([FileEvent("/l/c.csv", 3, 3)])] == [1]
+    assert reader.refresh() == 2 and [r.path for r in reader.records(0, 2)] == ["/l/a.csv", "/l/c.csv"]
 
 
 def _inbox_records(folder: Path) -> list[tuple[int, str, bool]]:

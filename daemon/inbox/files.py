@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakefeed import clock, log
-from lakefeed.inbox.segments import write_durably
+from lakefeed.inbox.segments import DurableMark, read_mark, write_durably
 
 _log = log.get(__name__)
 LOG_NAME = "inbox.log"
@@ -128,6 +128,8 @@ class Inbox:
         self._bytes = 0  # the log's durable length: a failed append is cut back to it
         self._repair_and_load()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._mark = DurableMark(folder)  # what readers may read
+        self._mark.set(LOG_NAME, self._bytes)
 
     def _repair_and_load(self) -> None:
         if not self.path.exists():
@@ -173,6 +175,7 @@ class Inbox:
             data = "".join(_line(rec) + "\n" for rec in added).encode()
             write_durably(self._fd, [data], self._bytes, what=f"the inbox {self.path}")
             self._bytes += len(data)
+            self._mark.set(LOG_NAME, self._bytes)
             self._count += len(added)
             for rec in added:
                 self._seen.add(rec.identity)
@@ -201,6 +204,7 @@ class Inbox:
     def close(self) -> None:
         with self._lock:
             os.close(self._fd)
+            self._mark.close()
             self._fd = -1  # an offer after close fails (EBADF) rather than cut a file that reused the number
 
 
@@ -215,13 +219,15 @@ class InboxReader:
         self.path = Path(folder) / LOG_NAME
         self._starts: list[int] = []
         self._end = 0
+        self._mark: tuple[str, int] | None = None  # the writer's durable mark (segments.DurableMark)
 
     def refresh(self) -> int:
-        """Index complete records appended since the last call; return how many there are."""
+        """Index complete, durable records appended since the last call; return how many there are."""
+        self._mark = read_mark(self.path.parent, self._mark)
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._end)
-                chunk = f.read()
+                chunk = f.read() if self._mark is None else f.read(max(0, self._mark[1] - self._end))
         except FileNotFoundError:
             return 0
         pos = 0

@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 import time
+import zlib
 from pathlib import Path
 
 from lakefeed import log
@@ -71,3 +72,39 @@ def hold(path: Path, timeout_s: float) -> int:
                 raise TerminalError(f"the spool {path.parent} is held by another writer for over {timeout_s:g} s "
                                     "(is an older lakefeed still running on this state_dir? stop it first)") from None
             time.sleep(0.02)
+
+
+class DurableMark:
+    """How far a log is durable (a segment's name, a byte position in it), for its readers in other processes. The
+    writer moves it after each fsync and sets it when it opens the log; readers take nothing beyond it. So bytes a
+    failed append leaves for a moment (written, then not made durable, then cut back) are never read, and an offset
+    a reader took is never given to other records. Not fsynced: the writer sets it again whenever it starts."""
+
+    NAME = "durable.mark"
+    _SIZE = 128
+
+    def __init__(self, folder: Path) -> None:
+        self._fd = os.open(folder / self.NAME, os.O_RDWR | os.O_CREAT, 0o640)
+
+    def set(self, segment: str, position: int) -> None:
+        text = f"{segment} {position}"
+        line = f"{text} {zlib.crc32(text.encode())}\n".encode()
+        os.pwrite(self._fd, line.ljust(self._SIZE), 0)  # one write of a fixed size: no stale tail
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_mark(folder: Path, last: tuple[str, int] | None) -> tuple[str, int] | None:
+    """The log's durable mark; `last` (the one read before) while the writer is moving it; None: the writer has
+    set none (an older lakefeed's log, or a writer not started yet), and the log's complete records are all read."""
+    try:
+        with open(folder / DurableMark.NAME, "rb") as f:
+            raw = f.read(DurableMark._SIZE)
+    except FileNotFoundError:
+        return last
+    text, _, crc = raw.decode("ascii", "replace").strip().rpartition(" ")
+    if not crc.isdigit() or zlib.crc32(text.encode()) != int(crc):
+        return last  # read while it was written (or empty: created, not yet set)
+    segment, _, position = text.rpartition(" ")
+    return segment, int(position)

@@ -22,13 +22,13 @@ import struct
 import threading
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
 from lakefeed import clock, log
-from lakefeed.inbox.segments import SpoolWriteError, hold, write_durably
+from lakefeed.inbox.segments import DurableMark, SpoolWriteError, hold, read_mark, write_durably
 
 MAGIC = b"LFS1"
 _HEAD = struct.Struct(">4sIQI")
@@ -73,8 +73,8 @@ def _frame(header: dict, body: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(head), len(body), crc) + head + body
 
 
-def _scan(path: Path, start: int) -> Iterator[tuple[int, int, dict]]:
-    """(position, frame length, header) of each complete frame from `start`; stops at a torn tail."""
+def _scan(path: Path, start: int, limit: float = float("inf")) -> Iterator[tuple[int, int, dict]]:
+    """(position, frame length, header) of each complete frame from `start` ending by `limit`; stops at a torn tail."""
     with open(path, "rb") as f:
         f.seek(start)
         pos = start
@@ -90,7 +90,7 @@ def _scan(path: Path, start: int) -> Iterator[tuple[int, int, dict]]:
                 return
             f.seek(body_len, os.SEEK_CUR)
             total = _HEAD.size + head_len + body_len
-            if f.tell() > os.fstat(f.fileno()).st_size:
+            if f.tell() > os.fstat(f.fileno()).st_size or pos + total > limit:
                 return
             yield pos, total, json.loads(head)
             pos += total
@@ -101,8 +101,7 @@ def _segments(folder: Path) -> list[Path]:
 
 
 class DamagedFrame(ValueError):
-    """A frame whose bytes no longer match its CRC: reading it again gives the same bytes, so it is the data's
-    fault, not the store's (the frame is quarantined as it is, daemon/pipeline/tasks.py)."""
+    """Frame bytes that no longer match their CRC: the same on every read, so the data's fault (quarantined)."""
 
 
 def read_entry(folder: Path, entry: Entry) -> pa.Table:
@@ -149,6 +148,7 @@ class Spool:
         self._current: Path | None = None
         self._lock = threading.Lock()
         self._bytes = 0
+        self._mark = DurableMark(folder)
         self._load()
 
     def _load(self) -> None:
@@ -174,6 +174,7 @@ class Spool:
             self._current = path
         if self._current is not None:
             self._fd = os.open(self._current, os.O_WRONLY | os.O_APPEND)
+        self._mark.set(*((self._current.name, self._sizes[self._current.name][1]) if self._current else ("", 0)))
 
     def _load_keys(self) -> None:
         path = self.folder / _KEYS
@@ -227,6 +228,7 @@ class Spool:
             frames.append(frame)
             position += len(frame)
         write_durably(fd, frames, start)
+        self._mark.set(name, position)
         with self._lock:
             self._bytes += position - self._sizes[name][1]
             self._sizes[name] = (first, position)
@@ -282,7 +284,7 @@ class Spool:
             keys = [e for name in gone for e in self._segment_keys.pop(name, [])]
         if keys:
             with open(self.folder / _KEYS, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(_as_dict(e)) + "\n" for e in keys))
+                f.write("".join(json.dumps(asdict(e)) + "\n" for e in keys))
                 f.flush()
                 os.fsync(f.fileno())
         for name in gone:
@@ -306,6 +308,7 @@ class Spool:
             os.close(self._fd)
             self._fd = None
         if self._lock_fd is not None:
+            self._mark.close()
             os.close(self._lock_fd)  # releases the lock
             self._lock_fd = None
 
@@ -319,11 +322,6 @@ def _entry(segment: str, position: int, length: int, head: dict) -> Entry:
     return Entry(head["o"], segment, position, length, head["n"], head["t"], head.get("k"), head.get("e"))
 
 
-def _as_dict(entry: Entry) -> dict:
-    return {"offset": entry.offset, "segment": entry.segment, "position": entry.position, "length": entry.length,
-            "rows": entry.rows, "received_at": entry.received_at, "key": entry.key, "event_time": entry.event_time}
-
-
 class _Tail:
     """Follows a spool's segments as they grow (released ones skipped): `_new_frames` yields the frames
     appended since the last call."""
@@ -333,17 +331,22 @@ class _Tail:
         self._first: int | None = None  # the first offset of the first segment seen
         self._segment: str | None = None
         self._position = 0
+        self._mark: tuple[str, int] | None = None  # the writer's durable mark (segments.DurableMark)
 
     def _new_frames(self) -> Iterator[tuple[str, int, int, dict]]:
+        self._mark = read_mark(self.folder, self._mark)
         for path in _segments(self.folder):
             if self._segment is not None and path.name < self._segment:
                 continue
+            if self._mark is not None and path.name > self._mark[0]:
+                return  # nothing in it is durable yet
             if path.name != self._segment:
                 self._segment, self._position = path.name, 0
                 if self._first is None:
                     self._first = int(path.stem)
             try:
-                for pos, length, head in _scan(path, self._position):
+                limit = self._mark[1] if self._mark is not None and path.name == self._mark[0] else float("inf")
+                for pos, length, head in _scan(path, self._position, limit):
                     self._position = pos + length
                     yield path.name, pos, length, head
             except FileNotFoundError:
