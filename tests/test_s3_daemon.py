@@ -54,29 +54,31 @@ def _entity(notifications: list[dict[str, Any]], **source: Any) -> dict[str, Any
 SECRET = "s3cr3t-from-the-config"  # moto takes any key; the daemon must never log it
 
 
-def _config(tmp: Path, server: s3_server.MotoServer, entity: dict[str, Any]) -> Path:
+def _config(tmp: Path, server: s3_server.MotoServer, entity: dict[str, Any],
+            key: tuple[str, str] = ("AKIDCONFIG", SECRET)) -> Path:
     return write_config(tmp, [entity], lake_dir="s3://lake/tables",
                         storage={"endpoint_override": server.endpoint, "region": server.region,
-                                 "access_key_id": "AKIDCONFIG", "secret_access_key": SECRET})
+                                 "access_key_id": key[0], "secret_access_key": key[1]})
 
 
-def _delta_options(server: s3_server.MotoServer) -> dict[str, str]:
+def _delta_options(server: s3_server.MotoServer, key: tuple[str, str] = ("testing", "testing")) -> dict[str, str]:
     return {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": server.region,
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+            "AWS_ACCESS_KEY_ID": key[0], "AWS_SECRET_ACCESS_KEY": key[1]}
 
 
-def _read(server: s3_server.MotoServer, table: str) -> list[dict[str, Any]]:
+def _read(server: s3_server.MotoServer, table: str, key: tuple[str, str] = ("testing", "testing")
+          ) -> list[dict[str, Any]]:
     try:
-        delta = DeltaTable(f"s3://lake/tables/sales/{table}", storage_options=_delta_options(server))
+        delta = DeltaTable(f"s3://lake/tables/sales/{table}", storage_options=_delta_options(server, key))
     except Exception:  # not created yet
         return []
     return delta.to_pyarrow_table().to_pylist()
 
 
-def _rows(server: s3_server.MotoServer) -> list[tuple[int, str, str]]:
+def _rows(server: s3_server.MotoServer, key: tuple[str, str] = ("testing", "testing")) -> list[tuple[int, str, str]]:
     """The table's rows, each with the file the changelog says it came from."""
-    origin = {r["id"]: r["source_file"] for r in _read(server, "changelog")}
-    return sorted((r["id"], r["v"], origin.get(r["id"], "?")) for r in _read(server, "table"))
+    origin = {r["id"]: r["source_file"] for r in _read(server, "changelog", key)}
+    return sorted((r["id"], r["v"], origin.get(r["id"], "?")) for r in _read(server, "table", key))
 
 
 def _expected(objects: dict[str, str]) -> list[tuple[int, str, str]]:
@@ -207,11 +209,26 @@ def test_listings_find_what_lost_notifications_never_announced(tmp_path, bucket,
     warnings = [json.loads(line) for line in daemon.log.read_text().splitlines()
                 if '"event": "source.missed_events"' in line]
     assert [w["level"] for w in warnings] == ["warning"] * 2 and sum(w["files"] for w in warnings) == 3
+
+    # A removal whose notification is lost: the periodic listing records it, once, and the manifest drops it.
+    wait_for(lambda: _partitions(bucket) == set(objects), 30, 0.3, "every object in the bucket's manifest")
+    bucket.client("s3").delete_object(Bucket="landing", Key=today)
+    present = set(objects) - {today}
+    wait_for(lambda: _partitions(bucket) == present, 30, 0.3, "the removal found by a listing, in the manifest")
+    listings = daemon.events("source.listed")
+    wait_for(lambda: daemon.events("source.listed") >= listings + 2, 30, 0.3, "two more listings")
+    assert daemon.events("object.removed") == 1 and daemon.events("source.missed_removals") == 1
+    assert _metric(url, "lakefeed_reconcile_found_total") == 3  # removals are not objects found
     daemon.stop(60)
+    bucket.client("s3").delete_object(Bucket="landing", Key="sales/c.csv")  # down, and before the narrowed range
+    present -= {"sales/c.csv"}
     daemon.start()  # a full listing at start-up reaches back to every date
     objects["sales/date=2020-01-01/old.csv"] = "id,v\n5,e\n"
+    present.add("sales/date=2020-01-01/old.csv")
     wait_for(lambda: _rows(bucket) == _expected(objects), 60, 0.3, "the old object, at the next start")
+    wait_for(lambda: _partitions(bucket) == present, 30, 0.3, "the removal found at start-up, in the manifest")
     daemon.stop(60)
+    assert daemon.events("object.removed") == 2  # the table keeps the rows of removed objects; the manifest not
 
 
 def _post(url: str, body: bytes, token: str | None = TOKEN, path: str = "/v1/entities/sales/notifications"
@@ -364,3 +381,33 @@ def test_objects_that_cannot_be_paths_never_stall_the_entity(tmp_path, bucket, d
     assert len(parked) == 1 and "x//b.csv" in parked[0][0] and "not normalized" in parked[0][1], parked
     assert daemon.events("batch.retrying") == 0 and daemon.events("entity.failed") == 0
     daemon.stop(60)
+
+
+def test_an_object_the_store_refuses_alone_never_holds_up_the_objects_behind_it(tmp_path, bucket, daemon,
+                                                                               monkeypatch):
+    """The daemon's credentials may list and read the bucket, but IAM denies s3:GetObject on one object (moto checks
+    every request against its IAM users here). That object was retried for ever and every object after it waited
+    behind it; now it is quarantined with the reason, stays in the bucket, and the others' rows arrive."""
+    monkeypatch.delenv("AWS_SESSION_TOKEN")  # delta-rs adds it to the users' keys: moto then refuses them
+    admin = s3_server.iam_user(bucket, "admin", [{"Effect": "Allow", "Action": "*", "Resource": "*"}])
+    reader = s3_server.iam_user(bucket, "reader", [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+        {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::landing/sales/secret.csv"}])
+    s3 = s3_server.client_of(bucket.endpoint, admin)
+    s3.create_bucket(Bucket="landing")
+    _config(tmp_path, bucket, _entity([], reconcile_interval_s=1.0), key=reader)
+    objects = {"sales/a.csv": "id,v\n1,a\n"}
+    with s3_server.iam_enforced(bucket):
+        s3.put_object(Bucket="landing", Key="sales/secret.csv", Body=b"id,v\n2,b\n")
+        s3.put_object(Bucket="landing", Key="sales/a.csv", Body=objects["sales/a.csv"].encode())
+        daemon.start()  # the start-up listing finds both
+        wait_for(lambda: daemon.events("batch.committed") >= 1, 60, 0.3, "the first objects' batch")
+        s3.put_object(Bucket="landing", Key="sales/c.csv", Body=b"id,v\n3,c\n")
+        objects["sales/c.csv"] = "id,v\n3,c\n"
+        wait_for(lambda: _rows(bucket, admin) == _expected(objects), 60, 0.3, "the objects beside the refused one")
+        parked = [(r["source_file"], r["reason"]) for r in _read(bucket, "quarantine", admin)]
+        assert len(parked) == 1 and parked[0][0].endswith("sales/secret.csv"), parked
+        assert "s3://landing/sales/secret.csv" in parked[0][1] and "grant s3:GetObject" in parked[0][1], parked
+        assert daemon.events("batch.retrying") == 0 and daemon.events("entity.failed") == 0
+        assert s3.head_object(Bucket="landing", Key="sales/secret.csv")["ContentLength"] == 9  # still there
+        daemon.stop(60)

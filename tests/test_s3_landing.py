@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote_plus
 
@@ -69,8 +70,9 @@ class _Log:
         return lambda event, **kw: self.events.append((event, kw))
 
 
-def _read(tmp: Path, moto, rec) -> tuple[object, _Log]:
-    """`read_file` of one inbox record, for an entity landing in s3://landing/sales/."""
+def _read(tmp: Path, moto, rec, key: tuple[str, str] = ("AKIDTEST", SECRET)) -> tuple[object, _Log]:
+    """`read_file` of one inbox record, for an entity landing in s3://landing/sales/ of the server `moto` (or any
+    with an `endpoint`), read with this access key."""
     from datetime import UTC, datetime
 
     from lakefeed.batch.discovery import Partition
@@ -78,7 +80,7 @@ def _read(tmp: Path, moto, rec) -> tuple[object, _Log]:
 
     entity = {"name": "sales", "source": {"type": "s3", "url": "s3://landing/sales"},
               "patterns": [{"name": "p", "glob_pattern": "/**"}]}
-    storage = {"access_key_id": "AKIDTEST", "secret_access_key": SECRET, "endpoint_override": moto.endpoint}
+    storage = {"access_key_id": key[0], "secret_access_key": key[1], "endpoint_override": moto.endpoint}
     (cfg,) = config.load(write_config(tmp, [entity], lake_dir=str(tmp / "lake"), storage=storage)).entities
     log = _Log()
     location = rec.path.removeprefix("s3://landing/sales/")
@@ -303,6 +305,7 @@ def test_listings_take_keys_by_the_rule_notifications_follow(tmp_path, store, mo
     cold = store.head("s3://landing/sales/cold.csv")
     (_, table, (why,)), _ = _read(tmp_path, moto, InboxRecord(12, cold.path, cold.size, cold.mtime_ns, "", cold.etag))
     assert table is None and "InvalidObjectState" in why.reason and "restore it" in why.reason
+    assert cold.path in why.reason
 
 
 def test_the_local_copy_of_an_object_has_a_bounded_safe_name(tmp_path, store, moto):
@@ -334,3 +337,163 @@ def test_a_store_that_cannot_be_listed_at_start_is_listed_again_later(tmp_path, 
         wait_for(lambda: [r.path for r in _records(tmp_path)] == ["s3://landing/sales/a.csv"], 30, 0.1, "a.csv")
     finally:
         landing.stop()
+
+
+_ADMIN = [{"Effect": "Allow", "Action": "*", "Resource": "*"}]
+
+
+def test_an_object_denied_alone_is_quarantined_and_a_bucket_denied_is_a_store_fault(tmp_path, store, moto):
+    """IAM denies s3:GetObject on one object, the bucket stays readable: that object is quarantined with a reason
+    naming it and what to grant, and the next object is read; no retry would mend it, and retrying held up all
+    behind it. The same AccessDenied for credentials the bucket refuses is a store fault: retried, not quarantined.
+    HEAD is denied too (it needs s3:GetObject): a notification of the denied object takes its identity from a
+    listing of its key, so the transport does not fail its message for ever either."""
+    admin = s3_server.iam_user(moto, "admin", _ADMIN)
+    reader = s3_server.iam_user(moto, "reader", [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+        {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::landing/sales/secret.csv"}])
+    elsewhere = ["arn:aws:s3:::elsewhere", "arn:aws:s3:::elsewhere/*"]
+    outsider = s3_server.iam_user(moto, "outsider", [{"Effect": "Allow", "Action": "s3:*", "Resource": elsewhere}])
+    as_reader = Storage(S3Storage(endpoint_override=moto.endpoint, region=moto.region, access_key_id=reader[0],
+                                  secret_access_key=reader[1]))
+    landing = _landing(tmp_path, as_reader)
+    with s3_server.iam_enforced(moto):
+        s3 = s3_server.client_of(moto.endpoint, admin)
+        for key in ("sales/secret.csv", "sales/ok.csv"):
+            s3.put_object(Bucket="landing", Key=key, Body=b"id\n1\n")
+            assert landing.deliver(list(parse(_event(key), landing.scope).events)) == 1
+        secret, ok = _records(tmp_path)
+        etag = s3.head_object(Bucket="landing", Key="sales/secret.csv")["ETag"].strip('"')
+        assert (secret.path, secret.size, secret.etag) == ("s3://landing/sales/secret.csv", 5, etag)
+
+        (_, table, (why,)), _ = _read(tmp_path, moto, secret, reader)
+        assert table is None and why.reason.startswith("s3://landing/sales/secret.csv: ")
+        assert "AccessDenied" in why.reason and "grant s3:GetObject" in why.reason
+        assert s3.head_object(Bucket="landing", Key="sales/secret.csv")  # left in the bucket
+        rows, _ = _read(tmp_path, moto, ok, reader)
+        assert rows[1].column("id").to_pylist() == [1]
+
+        with pytest.raises(OSError, match="AccessDenied.*listing its bucket fails too.*check the credentials"):
+            _read(tmp_path, moto, ok, outsider)
+        as_outsider = Storage(S3Storage(endpoint_override=moto.endpoint, region=moto.region,
+                                        access_key_id=outsider[0], secret_access_key=outsider[1]))
+        with pytest.raises(storage.boto_errors.ClientError):
+            as_outsider.head(ok.path)  # a notification's look fails: its message comes back, nothing is skipped
+        s3.delete_object(Bucket="landing", Key="sales/secret.csv")
+        assert _read(tmp_path, moto, secret, reader)[0] is None  # denied, and the bucket lists no such key: gone
+
+
+def test_an_object_encrypted_with_a_customer_key_is_quarantined(tmp_path):
+    """SSE-C: the store gives the object only to whoever sends its key, which lakefeed does not hold (GetObject
+    answers 400, HEAD too). Quarantined with the reason, never retried; the object stays in the bucket.
+    moto has no SSE-C; SeaweedFS has."""
+    with s3_server.seaweedfs(tmp_path / "seaweed") as weed:
+        s3 = weed.client()
+        s3.create_bucket(Bucket="landing")
+        s3.put_object(Bucket="landing", Key="sales/sealed.csv", Body=b"id\n1\n", SSECustomerAlgorithm="AES256",
+                      SSECustomerKey="k" * 32)
+        s3.put_object(Bucket="landing", Key="sales/open.csv", Body=b"id\n2\n")
+        store = Storage(S3Storage(endpoint_override=weed.endpoint, region="us-east-1", access_key_id=weed.key[0],
+                                  secret_access_key=weed.key[1]))
+        landing = _landing(tmp_path, store)
+        for key in ("sales/sealed.csv", "sales/open.csv"):
+            assert landing.deliver(list(parse(_event(key), landing.scope).events)) == 1
+        sealed, plain = _records(tmp_path)
+        (_, table, (why,)), _ = _read(tmp_path, weed, sealed, weed.key)
+        assert table is None and why.reason.startswith("s3://landing/sales/sealed.csv is encrypted with a "
+                                                       "customer-provided key (SSE-C")
+        assert "land it again unencrypted" in why.reason
+        rows, _ = _read(tmp_path, weed, plain, weed.key)
+        assert rows[1].column("id").to_pylist() == [2]
+        assert s3.list_objects_v2(Bucket="landing", Prefix="sales/sealed.csv")["KeyCount"] == 1
+
+
+def _removals(tmp: Path) -> list[str]:
+    return [r.path for r in _records(tmp) if r.removed]
+
+
+def test_a_listing_records_each_removal_no_notification_announced_once(tmp_path, store, moto):
+    """An `ObjectRemoved` notification lost: the next complete listing of the object's range no longer finds it and
+    records its removal, once, whichever of it and a late notification comes first. An object written and notified
+    after the listing passed its key is not removed (the HEAD finds it); a narrowed listing removes nothing it did
+    not cover."""
+    s3 = moto.client("s3")
+    keys = ["sales/a.csv", "sales/b.csv", "sales/c.csv", "sales/date=2020-01-01/old.csv"]
+    for key in keys:
+        s3.put_object(Bucket="landing", Key=key, Body=b"id\n1\n")
+    landing = _landing(tmp_path, store, dated_prefix="date=%Y-%m-%d/", listing_lookback_s=86400)
+    assert landing.reconcile() == 4
+
+    s3.delete_object(Bucket="landing", Key="sales/b.csv")  # its notification is lost
+    assert landing.reconcile() == 1 and landing.reconcile() == 0
+    assert _removals(tmp_path) == ["s3://landing/sales/b.csv"]
+    late = parse(_event("sales/b.csv", name="ObjectRemoved:Delete"), landing.scope)
+    assert landing.deliver(list(late.events)) == 0  # the listing recorded it already
+
+    s3.delete_object(Bucket="landing", Key="sales/c.csv")  # notified first this time
+    assert landing.deliver(list(parse(_event("sales/c.csv", name="ObjectRemoved:Delete"), landing.scope).events)) == 1
+    assert landing.reconcile() == 0
+    assert _removals(tmp_path) == ["s3://landing/sales/b.csv", "s3://landing/sales/c.csv"]
+
+    s3.delete_object(Bucket="landing", Key="sales/date=2020-01-01/old.csv")
+    assert landing.reconcile(narrowed=True) == 0  # before the lookback: not listed, so not known to be gone
+    assert landing.reconcile() == 1
+    assert _removals(tmp_path)[-1] == "s3://landing/sales/date=2020-01-01/old.csv"
+
+    s3.put_object(Bucket="landing", Key="sales/b.csv", Body=b"id\n2\n")  # back: taken again, and removable again
+    assert landing.reconcile() == 1
+    s3.delete_object(Bucket="landing", Key="sales/b.csv")
+    assert landing.reconcile() == 1
+    assert [(r.path, r.removed) for r in _records(tmp_path) if r.path.endswith("/b.csv")] == [
+        ("s3://landing/sales/b.csv", False), ("s3://landing/sales/b.csv", True),
+        ("s3://landing/sales/b.csv", False), ("s3://landing/sales/b.csv", True)]
+
+
+class _WritesAfterTheListing(Storage):
+    """A store on which, once a listing has gone by, an object lands and its notification is delivered (a real PUT
+    and a real delivery, timed between the listing and the look at what it did not find)."""
+
+    then: Callable[[], None] = staticmethod(lambda: None)
+
+    def list(self, bucket: str, prefix: str, start_after: str = ""):
+        yield from super().list(bucket, prefix, start_after)
+        self.then()
+
+
+def test_an_object_written_after_the_listing_passed_its_key_is_not_removed(tmp_path, store, moto):
+    s3 = moto.client("s3")
+    racing = _WritesAfterTheListing(store.cfg)
+    landing = _landing(tmp_path, racing)
+    s3.put_object(Bucket="landing", Key="sales/a.csv", Body=b"id\n1\n")
+    assert landing.reconcile() == 1
+    s3.delete_object(Bucket="landing", Key="sales/a.csv")
+
+    def land_again() -> None:
+        s3.put_object(Bucket="landing", Key="sales/a.csv", Body=b"id\n22\n")
+        assert landing.deliver(list(parse(_event("sales/a.csv"), landing.scope).events)) == 1
+
+    racing.then = land_again
+    assert landing.reconcile() == 0  # the listing missed a.csv, the inbox holds it, and it is there
+    assert _removals(tmp_path) == []
+    racing.then = lambda: None
+    assert landing.reconcile() == 0
+
+
+def test_a_listing_that_fails_part_way_records_no_removal(tmp_path, store, moto):
+    """The second page of a listing is refused (moto checks credentials from its second request on): what the
+    listing did not reach is not gone, so nothing is removed, not even what the first page missed. The next
+    complete listing records the one removal."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s3 = moto.client("s3")
+    keys = [f"sales/p{i:04d}.csv" for i in range(1002)]  # two pages of a listing, one deleted
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket="landing", Key=k, Body=b"id\n1\n"), keys))
+    landing = _landing(tmp_path, store)
+    assert landing.reconcile() == 1002
+    s3.delete_object(Bucket="landing", Key="sales/p0005.csv")
+    with s3_server.iam_enforced(moto, unchecked=1), pytest.raises(storage.boto_errors.ClientError,
+                                                                  match="ListObjectsV2"):
+        landing.reconcile()
+    assert _removals(tmp_path) == []
+    assert landing.reconcile() == 1 and _removals(tmp_path) == ["s3://landing/sales/p0005.csv"]

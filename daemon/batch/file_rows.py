@@ -87,7 +87,9 @@ def staged_name(offset: int, url: str) -> str:
 
 def _copy(store: Storage, rec: InboxRecord, path: Path) -> None:
     """Copy the object's version that `rec` names to `path`. FileNotFoundError: it is gone; Superseded: a newer
-    version replaced it (read from its own inbox record); Unreadable: it cannot be read as a file (quarantined)."""
+    version replaced it (read from its own inbox record); Unreadable: it cannot be read as a file, or the store
+    refuses this object alone (archived, SSE-C, denied to it): quarantined, so it holds up nothing behind it.
+    OSError: the store fails (retried)."""
     if problem := not_a_file(storage.split(rec.path)[1]):  # inbox records from before listings checked keys
         raise Unreadable(f"{problem}; rename the object to take it")
     try:

@@ -9,6 +9,11 @@ boto3's standard chain (config keys, else environment, profile, shared files) an
 
 An object's identity in the inbox, whoever found it (notification or listing): its URL, size,
 LastModified in whole seconds (HEAD reports no finer) and ETag.
+
+A GET the store refuses because of the object itself (archived, SSE-C, access denied to that
+object alone) is `NotAFile`: the batch quarantines it and goes on. The same AccessDenied also
+answers wrong credentials for the whole bucket, so it counts as the object's only when a
+listing of its key with the same client succeeds; otherwise it is a store fault, retried.
 """
 
 from __future__ import annotations
@@ -58,12 +63,38 @@ class Replaced(Exception):
 
 
 class NotAFile(Exception):
-    """The object cannot be read as it is, however often it is tried: the message says why."""
+    """The object cannot be read as it is, however often it is tried: the message names it and says what to do."""
 
 
-# What GetObject answers about the object itself, not the store: archived (restore it, then land it again).
-# Retrying would not mend it, and it must not hold up the objects behind it.
-_NOT_A_FILE = {"InvalidObjectState"}
+# What the store answers when it gives nothing because there is nothing.
+_GONE = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+# Refusals that may concern one object or the whole bucket (wrong credentials, a region that is not the bucket's):
+# only a listing with the same client tells which (`Storage._listed`). HEAD answers have no body, so no code.
+_AMBIGUOUS = {"AccessDenied", "403", "Forbidden"}
+_HEAD_REFUSED = _AMBIGUOUS | {"400", "BadRequest"}  # 400: an SSE-C object HEAD without its key (AWS, SeaweedFS)
+
+
+def _code(exc: boto_errors.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _own_refusal(url: str, exc: boto_errors.ClientError) -> str | None:
+    """Why GetObject refuses this object whoever asks, or None: what the object is, not the store's state. Retrying
+    would not mend it, and it must not hold up the objects behind it (quarantined with this reason)."""
+    code, message = _code(exc), str(exc.response.get("Error", {}).get("Message", ""))
+    if code == "InvalidObjectState":
+        return (f"{url} is archived (InvalidObjectState: {message or 'e.g. Glacier'}): the store will not give it "
+                "until it is restored: restore it (or copy it to a readable storage class), then land it again")
+    if code in ("InvalidRequest", "InvalidArgument") and "server side encryption" in message.lower().replace("-", " "):
+        return (f"{url} is encrypted with a customer-provided key (SSE-C; {code}: {message}), which lakefeed does "
+                "not hold: land it again unencrypted, or with SSE-S3 or SSE-KMS")
+    return None
+
+
+def _denied(url: str) -> str:
+    return (f"{url}: the store refuses to give this object (AccessDenied) although the same credentials list the "
+            "bucket: grant s3:GetObject on it (and kms:Decrypt on its key if it is SSE-KMS encrypted), then land it "
+            "again")
 
 
 def whole_seconds_ns(t: datetime) -> int:
@@ -162,30 +193,59 @@ class Storage:
         return options
 
     def head(self, url: str) -> FileEvent | None:
-        """The object's identity now, or None if there is no such object."""
+        """The object's identity now, or None if there is no such object.
+
+        An object HEAD may not look at (denied to these credentials, SSE-C without its key) still has an identity:
+        a listing of its key gives the same one, and the batch that reads it quarantines it with the reason. Raises
+        the HEAD's ClientError when the bucket cannot be listed either (wrong credentials: a store fault)."""
         bucket, key = split(url)
         try:
             got = self.s3.head_object(Bucket=bucket, Key=key)
         except boto_errors.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _code(exc) in _GONE:
                 return None
-            raise
+            if _code(exc) not in _HEAD_REFUSED:
+                raise
+            try:
+                return self._listed(bucket, key)
+            except boto_errors.ClientError:
+                raise exc from None
         return object_event(bucket, key, got["ContentLength"], got["LastModified"], got.get("ETag", ""))
 
+    def _listed(self, bucket: str, key: str) -> FileEvent | None:
+        """The object as a listing of its own key shows it, or None: one request that needs no right on the object,
+        so it tells a refusal of one object from a refusal of the bucket (then it raises ClientError). The key
+        sorts first among the keys it prefixes, so one key is enough."""
+        got = self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        for obj in got.get("Contents", ()):
+            if obj["Key"] == key:
+                return object_event(bucket, key, obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+        return None
+
     def list(self, bucket: str, prefix: str, start_after: str = "") -> Iterator[FileEvent]:
-        """Every object under `prefix` (after `start_after`, in key order), a page of 1000 at a time."""
+        """Every object under `prefix` (after `start_after`, in key order), a page of 1000 at a time.
+
+        Raises (ClientError, BotoCoreError, OSError) unless the listing went to its end: a caller that takes what is
+        not listed as removed must not take a listing cut short for a complete one. botocore's paginator stops
+        quietly on a page that says it is truncated but gives no continuation token; that is checked here."""
         pages = self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=bucket, Prefix=prefix, **({"StartAfter": start_after} if start_after else {}))
+        truncated = False
         for page in pages:
+            truncated = bool(page.get("IsTruncated"))
             for obj in page.get("Contents", ()):
                 yield object_event(bucket, obj["Key"], obj["Size"], obj["LastModified"], obj.get("ETag", ""))
+        if truncated:
+            raise OSError(f"the listing of s3://{bucket}/{prefix} stopped at a truncated page without a "
+                          "continuation token: the store's listing is incomplete; it is listed again later")
 
     def fetch(self, url: str, dest: Path, etag: str = "") -> FileEvent | None:
         """Copy the object (the version with this ETag, if given) to `dest`; the identity of the version read, from
         the GET itself (an info call before it could describe another version), or None if the object is gone.
 
-        Raises `Replaced` when the object no longer has that ETag, `NotAFile` when the store refuses to give it as
-        it is (an archived object), OSError when the store fails (a store fault: retried)."""
+        Raises `Replaced` when the object no longer has that ETag, `NotAFile` when the store refuses this object
+        whoever asks or however often (archived, SSE-C, access denied to it alone), OSError when the store fails (a
+        store fault: retried)."""
         bucket, key = split(url)
         try:
             got = self.s3.get_object(Bucket=bucket, Key=key, **({"IfMatch": f'"{etag}"'} if etag else {}))
@@ -193,17 +253,31 @@ class Storage:
             with got["Body"] as body, open(dest, "wb") as out:
                 shutil.copyfileobj(body, out, 8 << 20)
         except boto_errors.ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "NoSuchBucket", "404"):
+            if _code(exc) in _GONE:
                 return None
-            if code in ("PreconditionFailed", "412"):
+            if _code(exc) in ("PreconditionFailed", "412"):
                 raise Replaced(f"{url} no longer has ETag {etag}: a newer version replaced it") from exc
-            if code in _NOT_A_FILE:
-                raise NotAFile(f"the store will not give it ({exc}): restore it, then land it again") from exc
+            if reason := _own_refusal(url, exc):
+                raise NotAFile(reason) from exc
+            if _code(exc) in _AMBIGUOUS:
+                if self._only_this_object(url, exc):
+                    raise NotAFile(_denied(url)) from exc
+                return None  # the bucket is readable and has no such object
             raise OSError(f"cannot read {url}: {exc}") from exc
         except boto_errors.BotoCoreError as exc:  # the network, a read cut short
             raise OSError(f"cannot read {url}: {exc}") from exc
         return object_event(bucket, key, got["ContentLength"], got["LastModified"], got.get("ETag", ""))
+
+    def _only_this_object(self, url: str, exc: boto_errors.ClientError) -> bool:
+        """Whether an AccessDenied on GetObject concerns this object alone: the same client lists the bucket and the
+        object is there (False: it is gone). Raises OSError when the bucket is refused too (wrong credentials, a
+        policy that shuts the bucket): a store fault, retried, nothing quarantined."""
+        bucket, key = split(url)
+        try:
+            return self._listed(bucket, key) is not None
+        except (boto_errors.ClientError, boto_errors.BotoCoreError) as probe:
+            raise OSError(f"cannot read {url}: {exc}; listing its bucket fails too ({probe}): check the "
+                          "credentials and the bucket's policy") from exc
 
     def get(self, url: str, dest: Path) -> bool:
         """Download `url` to `dest` (atomically); False if there is no such object."""
@@ -244,7 +318,7 @@ class Mirror:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             return self._storage.get(self.url_of(path), path)
-        except OSError as exc:
+        except (OSError, NotAFile) as exc:
             raise TerminalError(f"cannot read {self.url_of(path)}: {exc}. Check that the bucket exists and the "
                                 "credentials may read it.") from exc
 

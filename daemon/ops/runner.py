@@ -41,8 +41,8 @@ from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.spark import FrameParts, SparkSpread
 from lakefeed.pipeline.commit import BatchResult
 from lakefeed.pipeline.entity import EntityPipeline
-from lakefeed.pipeline.verdict import store_fault
 from lakefeed.pipeline.sinks import Sinks
+from lakefeed.pipeline.verdict import store_fault
 
 _log = log.get(__name__)
 _WAITING = ("Waiting for data to arrive", "Waiting for next trigger")
