@@ -10,6 +10,7 @@ import json
 
 import pyarrow as pa
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 from deltalake import DeltaTable
 
 from lakefeed.batch import file_rows, frames
@@ -21,6 +22,7 @@ from lakefeed.intake.push_api import token_hash
 from lakefeed.pipeline import tasks
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
+from lakefeed.pipeline.verdict import store_fault
 from tests.conftest import land, write_config
 
 
@@ -72,13 +74,17 @@ def test_a_file_that_fails_to_stage_is_quarantined_by_name_and_the_others_commit
     assert sorted(r["note"] for r in _rows(cfg.table)) == ["a", "c", "poison"]
 
 
-def test_a_bug_while_staging_stops_the_batch_and_parks_nothing(files, monkeypatch):
+@pytest.mark.parametrize("fault", [
+    AttributeError("'NoneType' object has no attribute 'x'"),  # a bug: the entity stops with it
+    ClientError({"Error": {"Code": "InternalError", "Message": "We encountered an internal error"}}, "GetObject"),
+    EndpointConnectionError(endpoint_url="http://127.0.0.1:9")])  # the store's: retried
+def test_a_bug_or_a_store_fault_while_staging_fails_the_batch_and_parks_nothing(files, monkeypatch, fault):
     cfg, pipeline, inbox = files
     records = inbox.offer([FileEvent.of(land(cfg.source.path / "sales" / "a.csv", "id\n1\n"))])
-    monkeypatch.setattr(file_rows, "with_arguments", _failing_for(file_rows.with_arguments, "1",
-                                                                  AttributeError("'NoneType' has no attribute x")))
-    with pytest.raises(AttributeError):
+    monkeypatch.setattr(file_rows, "with_arguments", _failing_for(file_rows.with_arguments, "1", fault))
+    with pytest.raises(type(fault)):
         pipeline.process(records, 0)
+    assert store_fault(fault) == (not isinstance(fault, AttributeError))
     assert _rows(cfg.quarantine) == [] and _rows(cfg.table) == []
     monkeypatch.undo()
     pipeline.process(records, 0)  # replayed once the code is right

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pyarrow as pa
+from botocore.exceptions import BotoCoreError, ClientError
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.errors import PySparkException
 
@@ -28,6 +29,8 @@ def store_fault(exc: BaseException) -> bool:
         return False  # lakefeed decided already: a terminal error stops the entity with what to do
     if isinstance(exc, OSError | TimeoutError | TransientError | CommitFailedError | TableNotFoundError):
         return True
+    if isinstance(exc, BotoCoreError | ClientError):  # what boto3 raises is the store's (an object the store
+        return True  # refuses whoever asks is a NotAFile by then, quarantined: daemon/inbox/storage.py)
     return bool(_STORE.search(str(exc)) or _MISSING.search(str(exc)))
 
 
