@@ -9,6 +9,7 @@ the rejection (status, message and every problem).
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from hypothesis import strategies as st
 
 from lakefeed.config import model as config
 from lakefeed.inbox.spool import encode
-from lakefeed.intake.records import Rejected, _plain, accept, decode, validate
+from lakefeed.intake.json_body import PAIRS_BYTES, json_array
+from lakefeed.intake.problems import Rejected
+from lakefeed.intake.records import _plain, accept, decode, validate
 from tests.conftest import write_config
 
 TYPES = [pa.int64(), pa.int32(), pa.int8(), pa.float64(), pa.string(), pa.bool_(), pa.timestamp("us", tz="UTC"),
@@ -127,3 +130,55 @@ def test_keys_missing_from_the_first_record_are_stored_and_huge_ints_are_a_400(t
         assert exc.status == 400 and [(p.row, p.field) for p in exc.problems] == [(1, "id")]
     else:
         raise AssertionError("an int beyond 64 bits was accepted")
+
+
+# What `json_body._no_key_twice` counts (colons after a quote or whitespace), in keys and strings; separators
+# with whitespace before the colon; escaped and unescaped text.
+KEYS = st.sampled_from(["id", "a", "b", ":", 'q"', "a :", "é"])
+STRINGS = st.one_of(st.sampled_from(["", ":x", "a:b", " : ", '":', '\\":', "12:30", "é:"]),
+                    st.text(st.characters(exclude_categories=("Cs",)), max_size=4))
+COLONS = st.sampled_from([":", ": ", " : ", "\n:", "\t: "])
+COMMAS = st.sampled_from([",", ", ", ",\n"])
+
+
+@st.composite
+def _json_value(draw, depth: int) -> tuple[str, bool]:
+    """JSON text of a value, written by hand, and whether an object in it names a key twice."""
+    kind = draw(st.sampled_from(["scalar", "string", "list", "object"] if depth < 3 else ["scalar", "string"]))
+    if kind == "scalar":
+        return json.dumps(draw(st.one_of(st.none(), st.booleans(), st.integers()))), False
+    if kind == "string":
+        return json.dumps(draw(STRINGS), ensure_ascii=draw(st.booleans())), False
+    if kind == "list":
+        items = draw(st.lists(_json_value(depth + 1), max_size=3))
+        return "[" + draw(COMMAS).join(t for t, _ in items) + "]", any(d for _, d in items)
+    return draw(_json_object(depth + 1))
+
+
+@st.composite
+def _json_object(draw, depth: int) -> tuple[str, bool]:
+    keys = draw(st.lists(KEYS, max_size=4))
+    values = [draw(_json_value(depth)) for _ in keys]
+    members = [json.dumps(k, ensure_ascii=draw(st.booleans())) + draw(COLONS) + t
+               for k, (t, _) in zip(keys, values, strict=True)]
+    return "{" + draw(COMMAS).join(members) + "}", len(set(keys)) < len(keys) or any(d for _, d in values)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows=st.lists(_json_object(0), min_size=1, max_size=8), pad=st.booleans(), bom=st.booleans())
+def test_keys_named_twice_are_found_in_small_and_large_bodies_alike(rows, pad, bom):
+    """Large bodies are parsed plainly and counted, small ones checked in the parser: both refuse exactly the
+    records with an object (at any depth) naming a key twice, and take the others as Python's json reads them."""
+    if pad:  # a record of padding makes the body large
+        rows = [*rows, ('{"pad": "' + "x" * PAIRS_BYTES + '"}', False)]
+    text = "[" + ",\n".join(t for t, _ in rows) + "]"
+    body = (codecs.BOM_UTF8 if bom else b"") + text.encode()
+    twice = [n for n, (_, d) in enumerate(rows, start=1) if d]
+    try:
+        taken = json_array(body)
+    except Rejected as exc:
+        assert exc.status == 400 and "name a key twice" in exc.message and twice, exc.message
+        assert sorted({p.row for p in exc.problems}) == twice
+        assert all("send each key once" in p.message for p in exc.problems)
+    else:
+        assert not twice and taken == json.loads(text)

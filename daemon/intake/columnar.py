@@ -5,8 +5,8 @@ Both formats compress: a few kilobytes of zstd can hold a column of ten million 
 formats declare: an Arrow message's buffers carry their uncompressed lengths (read here from the
 message's flatbuffer, before Arrow inflates anything), a Parquet file's column chunks theirs, and
 its strings are read dictionary-encoded, in slices, so repeats cost their count, not their bytes,
-until the sizes add up. Dictionary and view columns are then counted as the plain columns they
-become when conformed.
+until the sizes add up. Dictionary and view columns, also inside lists, structs and maps, are then
+counted as the plain columns they become when conformed.
 """
 
 from __future__ import annotations
@@ -65,20 +65,41 @@ def _check(table: pa.Table, budget: int) -> None:
 
 
 def _array_bytes(array: pa.Array) -> int:
-    """The bytes of the array once dictionaries and views are made plain (as conforming does)."""
+    """The bytes of the array once dictionaries and views, at any depth, are made plain (as conforming does)."""
     t = array.type
     if pa.types.is_dictionary(t):
         values = array.dictionary
         if _is_bytes(values.type):
             expanded = pc.sum(pc.take(pc.binary_length(values), array.indices)).as_py() or 0
         else:
-            expanded = len(array) * (values.nbytes // max(1, len(values)) + 1)
+            expanded = len(array) * (_array_bytes(values) // max(1, len(values)) + 1)
         return array.indices.nbytes + expanded
-    if (pa.types.is_string_view(t) or pa.types.is_binary_view(t)) and len(array):
+    if _is_view(t) and len(array):
         # Each view is 16 bytes starting with the value's length (Arrow has no length kernel for views).
         views = np.frombuffer(array.buffers()[1], dtype=np.int32, count=4 * (array.offset + len(array)))
         return array.nbytes + int(views[4 * array.offset::4].sum(dtype=np.int64))
-    return array.nbytes
+    if not _expands(t):
+        return array.nbytes
+    # A list, struct, map or union holding some: its own buffers (offsets, validity) and its children, each
+    # whole (an Arrow body holds them whole).
+    own = sum(b.size for b in array.buffers()[:t.num_buffers] if b is not None)
+    return own + sum(_array_bytes(child) for child in _children(array))
+
+
+def _expands(t: pa.DataType) -> bool:
+    """Whether the type holds a dictionary or a view at some depth."""
+    return pa.types.is_dictionary(t) or _is_view(t) or any(_expands(t.field(i).type) for i in range(t.num_fields))
+
+
+def _children(array: pa.Array) -> list[pa.Array]:
+    t = array.type
+    if pa.types.is_struct(t) or pa.types.is_union(t):
+        return [array.field(i) for i in range(t.num_fields)]
+    return [array.values]  # the list types; a map's values are its entries (a struct of keys and items)
+
+
+def _is_view(t: pa.DataType) -> bool:
+    return pa.types.is_string_view(t) or pa.types.is_binary_view(t)
 
 
 def _is_bytes(t: pa.DataType) -> bool:

@@ -34,8 +34,8 @@ from lakefeed import log
 from lakefeed.config.model import EntityConfig, HttpConfig, PushSource
 from lakefeed.errors import LakefeedError
 from lakefeed.intake.http_server import HttpServer
+from lakefeed.intake.problems import Rejected
 from lakefeed.intake.push_api import Endpoint, PushApi
-from lakefeed.intake.records import Rejected
 
 _log = log.get(__name__)
 # Not passed on in either direction: they describe one connection, not the request.

@@ -30,7 +30,8 @@ from lakefeed.config.model import EntityConfig, PushSource
 from lakefeed.inbox.segments import SpoolWriteError
 from lakefeed.inbox.spool import Entry, Pending, Spool, encode
 from lakefeed.intake.group_commit import GroupCommit
-from lakefeed.intake.records import Rejected, accept, inflate, kind_of
+from lakefeed.intake.problems import Rejected
+from lakefeed.intake.records import accept, inflate, kind_of
 
 ROUTE = "/v1/entities/{entity}/sources/{source}/records"
 # Bodies up to this size are decoded on the event loop: ~0.1 ms of work, less than the hand-off to a

@@ -12,26 +12,25 @@ import codecs
 import csv
 import ctypes
 import io
-import json
 import struct
 import zlib
-from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 
 from lakefeed import clock
 from lakefeed.batch import event_time
-from lakefeed.batch.admit import PARSER_DEPTH, schema_problems, too_deep, utf8_problem
-from lakefeed.batch.read import BadRow, conform, from_rows, json_options
+from lakefeed.batch.admit import schema_problems, utf8_problem
+from lakefeed.batch.read import BadRow, conform, from_rows
+from lakefeed.batch.schema import decoded
 from lakefeed.config.model import EntityConfig
 from lakefeed.intake import columnar
+from lakefeed.intake.json_body import json_array, ndjson
+from lakefeed.intake.problems import Problem, Rejected
 
-MAX_PROBLEMS = 100
 _LIBC = ctypes.CDLL(None)  # malloc_trim: glibc, the only libc lakefeed runs on (Linux, systemd)
 # JSON bodies up to this size may take the fast path of `accept` (10 records: ~45 instead of ~80 µs);
 # from about 100 records on, checking every value in Python costs as much as Arrow's inference and casts.
@@ -46,31 +45,6 @@ CONTENT_TYPES = {
     "application/x-parquet": "parquet",
     "application/vnd.apache.arrow.stream": "arrow",
 }
-
-
-@dataclass(frozen=True)
-class Problem:
-    row: int | None
-    field: str | None
-    message: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {"row": self.row, "field": self.field, "message": self.message}
-
-
-class Rejected(Exception):
-    """The request cannot be stored; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str, problems: list[Problem] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.problems = problems or []
-
-    def as_json(self) -> dict[str, Any]:
-        shown = self.problems[:MAX_PROBLEMS]
-        return {"error": self.message, "problems": [p.as_json() for p in shown],
-                "problems_total": len(self.problems)}
 
 
 def inflate(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -128,14 +102,9 @@ def decode(body: bytes, content_type: str, target: pa.Schema | None, limit: int)
         raise Rejected(400, "the request body is empty")
     try:
         if kind == "json":
-            return from_rows(_json_array(body))
+            return from_rows(json_array(body))
         if kind == "ndjson":
-            if too_deep(body):  # pyarrow's reader would crash the process on it
-                raise Rejected(400, f"the body nests more than {PARSER_DEPTH} levels deep; nothing was stored")
-            try:
-                return pajson.read_json(io.BytesIO(body), parse_options=json_options(target))
-            except pa.ArrowInvalid:
-                return from_rows(_ndjson_rows(body))  # find the bad lines one by one
+            return ndjson(body, target)
         if kind == "csv":
             return _csv(body, target)
         if kind == "parquet":
@@ -174,7 +143,7 @@ def _accept(body: bytes, content_type: str, cfg: EntityConfig, target: pa.Schema
     table's types: about half the work of inferring types and casting them, which is most of what a
     10-record push costs besides HTTP. Every other request takes the general path."""
     if target is not None and len(body) <= PLAIN_BYTES and kind_of(content_type) == "json":
-        table = _plain(_json_array(body), cfg, target)
+        table = _plain(json_array(body), cfg, target)
         if table is not None:
             return _checked(table, table, [], cfg)
     return validate(decode(body, content_type, target, limit), cfg, target)
@@ -187,6 +156,8 @@ def validate(table: pa.Table, cfg: EntityConfig, target: pa.Schema | None) -> pa
     columns = [Problem(None, name, message) for name, message in schema_problems(table.schema, target, cfg.limits)]
     columns += [Problem(None, f.name, f"column {f.name!r} {why}") for f in table.schema
                 if (why := _unstorable(f.type)) is not None]
+    columns += [Problem(None, f.name, why) for f in table.schema
+                if f.name in cfg.cdc.primary_key and (why := _key_type_problem(f.type, f.name)) is not None]
     if columns:
         raise Rejected(400, "the columns cannot be stored; nothing was stored", columns)
     if (invalid := utf8_problem(table)) is not None:
@@ -213,11 +184,19 @@ def _checked(table: pa.Table, out: pa.Table, problems: list[Problem], cfg: Entit
     return out
 
 
+def _key_type_problem(t: pa.DataType, key: str) -> str | None:
+    """Why a key column of this type cannot match rows, or None. A dictionary is only an encoding: conforming
+    decodes it (batch/schema.py `decoded`), as for a landed file, so its values' type is the key's."""
+    if pa.types.is_nested(decoded(t)):
+        return f"primary key column {key!r} is a {t}: a key must be a single value (a string, number, date or time)"
+    return None
+
+
 def _key_problems(column: pa.ChunkedArray, key: str) -> list[Problem]:
-    """Keys the commit cannot match rows on: nulls, NaN (not equal to itself), values that are not scalars."""
-    if pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type):
-        return [Problem(None, key, f"primary key column {key!r} is a {column.type}: a key must be a single value "
-                                   "(a string, number, date or time)")]
+    """Keys the commit cannot match rows on: nulls and NaN (not equal to itself). Keys that are no single value
+    are refused before conforming (`_key_type_problem`), which cannot decode a dictionary of lists."""
+    if pa.types.is_dictionary(column.type):  # a null may be an index or a value: the decoded column tells
+        column = column.cast(decoded(column.type))
     problems = [Problem(int(i) + 1, key, f"primary key column {key!r} is null")  # numbered as sent
                 for i in column.is_null().to_numpy(zero_copy_only=False).nonzero()[0]]
     if pa.types.is_floating(column.type):
@@ -336,38 +315,6 @@ def _plain(rows: list[dict[str, Any]], cfg: EntityConfig, target: pa.Schema) -> 
 
 def _time_problem(bad: BadRow, column: str | None) -> Problem:
     return Problem(None, column, bad.reason)
-
-
-def _json_array(body: bytes) -> list[dict[str, Any]]:
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise Rejected(400, f"the body is not valid JSON: {exc}") from exc
-    rows = document if isinstance(document, list) else [document]
-    problems = [Problem(i + 1, None, "a record must be a JSON object") for i, r in enumerate(rows)
-                if not isinstance(r, dict)]
-    if problems:
-        raise Rejected(400, "the body must be a JSON array of objects", problems)
-    return rows
-
-
-def _ndjson_rows(body: bytes) -> list[dict[str, Any]]:
-    rows, problems = [], []
-    for number, line in enumerate(body.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError as exc:
-            problems.append(Problem(number, None, f"invalid JSON: {exc}"))
-            continue
-        if isinstance(value, dict):
-            rows.append(value)
-        else:
-            problems.append(Problem(number, None, "a line must hold a JSON object"))
-    if problems:
-        raise Rejected(400, "the body is not valid NDJSON", problems)
-    return rows
 
 
 def _csv(body: bytes, target: pa.Schema | None) -> pa.Table:

@@ -23,7 +23,7 @@ from lakefeed.batch.read import BadRow
 from lakefeed.pipeline import tasks
 from lakefeed.pipeline.commit import BatchResult, Committer
 from lakefeed.pipeline.tasks import Spread, Staged
-from lakefeed.pipeline.verdict import data_fault, store_fault  # noqa: F401  (store_fault: the runner's retry)
+from lakefeed.pipeline.verdict import data_fault
 
 
 def commit_or_park(committer: Committer, commit: Callable[[], None], staged: list[Staged], result: BatchResult,
