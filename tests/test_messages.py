@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefeed.batch import cdc, messages
+from lakefeed.batch import cdc, json_text, messages
 from lakefeed.batch.read import BadRow, from_rows
 from lakefeed.config.model import KafkaSource
 from lakefeed.connectors.sources.kafka_records import ARROW_SCHEMA
@@ -45,9 +45,11 @@ def reference_decode(batch: pa.Table, source: KafkaSource, debezium: bool = Fals
         records = []
         topics, partitions, offsets = (present.column(c).to_pylist() for c in ("topic", "partition", "offset"))
         for i, value in enumerate(values):
-            try:
-                record = json.loads(value)
+            try:  # JSON is UTF-8 (a BOM dropped), and an object names each key once (daemon/batch/json_text.py)
+                record = json.loads(json_text.utf8(value), object_pairs_hook=_each_key_once)
                 reason = None if isinstance(record, dict) else "the message value is not a JSON object"
+            except _KeyTwice:
+                reason = "; ".join(json_text.reason(column, key) for _, column, key in json_text.twice(value))
             except ValueError as exc:
                 reason = f"the message value is not JSON: {exc}"
             if reason is not None:
@@ -80,6 +82,16 @@ def reference_decode(batch: pa.Table, source: KafkaSource, debezium: bool = Fals
                                                    kept.column("partition").to_pylist(),
                                                    kept.column("offset").to_pylist(), strict=True)]
     return rows.append_column("source_file", pa.array(where, pa.string())), bad, tombstones
+
+
+class _KeyTwice(Exception):
+    pass
+
+
+def _each_key_once(pairs: list[tuple[str, object]]) -> dict:
+    if len({k for k, _ in pairs}) < len(pairs):
+        raise _KeyTwice
+    return dict(pairs)
 
 
 def batch_of(values: list[bytes | None], keys: list[bytes | None] | None = None, topic: str = "t",
@@ -123,7 +135,8 @@ rendered = st.one_of(
     objects.map(lambda o: json.dumps(o).encode() + b"\r"),
 )
 odd = st.sampled_from([b"", b" ", b"\t\r ", b"\n", b"\x0b\x0c", b"[1, 2]", b"42", b'"text"', b"null",
-                       b'{"a":1}{"b":2}', b'{"a":1} {"b":2}', b"{", b"not json", b"\xff\xfe{}", b'{"a":"\xe9"}'])
+                       b'{"a":1}{"b":2}', b'{"a":1} {"b":2}', b"{", b"not json", b"\xff\xfe{}", b'{"a":"\xe9"}',
+                       b'{"id":1,"id":2}', b'{"v":{"a":1,"a":2}}', b'\xef\xbb\xbf{"id": 5}'])
 value = st.one_of(rendered, rendered, rendered, odd, st.binary(max_size=12), st.none())
 header = st.one_of(st.none(), st.lists(st.tuples(st.sampled_from(["h", "trace"]), st.binary(max_size=4)),
                                        max_size=2).map(lambda hs: [{"key": k, "value": v} for k, v in hs] or None))
@@ -158,6 +171,18 @@ def test_values_that_are_not_one_line_of_json_each_are_sorted_out_one_by_one():
     assert [(where, b.line, b.raw) for where, b in bad] == [
         ("kafka/t/0", 102, '{"a":1}{"b":2}'), ("kafka/t/1", 100, ""), ("kafka/t/1", 101, "   "),
         ("kafka/t/1", 102, "[1]")]
+
+
+def test_a_value_naming_a_key_twice_is_quarantined_and_a_byte_order_mark_dropped():
+    """As for pushes and landed files (daemon/batch/json_text.py): either value of a key named twice would be lost."""
+    values = [b'{"id": 1, "id": 2}', b'\xef\xbb\xbf{"id": 3}', b'{"id": 4, "v": {"a": 1, "a": 2}}']
+    rows, bad, _ = decode_both(batch_of(values))
+    assert rows.column("id").to_pylist() == [3]
+    assert [(b.line, b.raw, b.reason) for _, b in bad] == [
+        (100, '{"id": 1, "id": 2}', "the record names 'id' twice: send each key once (only one of the values could "
+                                    "be stored)"),
+        (102, '{"id": 4, "v": {"a": 1, "a": 2}}', "column 'v' holds an object naming 'a' twice: send each key once "
+                                                  "(only one of the values could be stored)")]
 
 
 @pytest.mark.parametrize("values", [[b"null"], [b" null", b'{"id": 1}'], [b'{"id": 1}', b"null"], [b"{}", b"\tnull"]])

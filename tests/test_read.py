@@ -81,6 +81,34 @@ def test_ndjson_bad_lines_are_bad_rows(tmp_path):
     assert [b.line for b in out.bad] == [2, 3]
 
 
+def test_landed_json_records_naming_a_key_twice_are_bad_rows_as_written_and_the_others_are_kept(tmp_path):
+    """As for pushes (daemon/batch/json_text.py): storing either value of a key named twice would lose the other.
+    The record is quarantined as it was written, both values in it; large files are checked too (counted)."""
+    many = ", ".join(f'{{"id": {i}, "v": {{"x": 1}}}}' for i in range(3, 200))
+    j = tmp_path / "a.json"
+    j.write_text(f'[{{"id": 1, "v": {{"x": 1, "x": 2}}}},\n  {{"id": 2,"id" :9}}, {many}]')
+    out = read_file(j, JsonFormat(kind="json"), None)
+    assert out.table.column("id").to_pylist() == list(range(3, 200))
+    assert [(b.field, b.raw) for b in out.bad] == [("v", '{"id": 1, "v": {"x": 1, "x": 2}}'),
+                                                   ("id", '{"id": 2,"id" :9}')]
+    assert "record 1: column 'v' holds an object naming 'x' twice" in out.bad[0].reason
+    assert "record 2: the record names 'id' twice" in out.bad[1].reason
+    n = tmp_path / "a.ndjson"
+    n.write_bytes(b'\xef\xbb\xbf{"id": 1}\n{"id": 2, "id": 3}\n{"id": 4}\n')  # a BOM, which Arrow takes too
+    out = read_file(n, JsonFormat(kind="ndjson"), None)
+    assert out.table.column("id").to_pylist() == [1, 4]
+    assert [(b.line, b.field, b.raw) for b in out.bad] == [(2, "id", '{"id": 2, "id": 3}')]
+
+
+def test_landed_json_must_be_utf8_and_its_byte_order_mark_is_dropped(tmp_path):
+    j = tmp_path / "a.json"
+    j.write_bytes(b'\xef\xbb\xbf[{"id": 1}]')
+    assert read_file(j, JsonFormat(kind="json"), None).table.column("id").to_pylist() == [1]
+    j.write_bytes('[{"id": 1}]'.encode("utf-16"))
+    out = read_file(j, JsonFormat(kind="json"), None)
+    assert out.table is None and "the file is UTF-16, and JSON must be sent as UTF-8" in out.bad[0].reason
+
+
 def test_json_array_document_and_parquet(tmp_path):
     j = tmp_path / "a.json"
     j.write_text('[{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]')

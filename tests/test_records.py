@@ -17,9 +17,10 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lakefeed.batch.json_text import PAIRS_BYTES
 from lakefeed.config import model as config
 from lakefeed.inbox.spool import encode
-from lakefeed.intake.json_body import PAIRS_BYTES, json_array
+from lakefeed.intake.json_body import json_array
 from lakefeed.intake.problems import Rejected
 from lakefeed.intake.records import _plain, accept, decode, validate
 from tests.conftest import write_config

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from lakefeed.batch import cdc
+from lakefeed.batch import cdc, json_text
 from lakefeed.batch.admit import too_deep
 from lakefeed.batch.read import BadRow, from_rows
 from lakefeed.config.model import KafkaSource
@@ -125,8 +125,10 @@ def _parse(messages: pa.Table) -> tuple[pa.Table | None, np.ndarray, list[tuple[
     topics, partitions, offsets = (messages.column(c).to_pylist() for c in ("topic", "partition", "offset"))
     for i, value in enumerate(values.to_pylist()):
         try:
-            record = json.loads(value)
+            record = json_text.loads_line(json_text.utf8(value).decode("utf-8"))
             reason = None if isinstance(record, dict) else "the message value is not a JSON object"
+        except json_text.KeyTwice:
+            reason = "; ".join(json_text.reason(column, key) for _, column, key in json_text.twice(value))
         except ValueError as exc:
             reason = f"the message value is not JSON: {exc}"
         except RecursionError:

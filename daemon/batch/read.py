@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from lakefeed.batch import joda, model_json, textfile
+from lakefeed.batch import joda, json_text, model_json, textfile
 from lakefeed.batch.schema import cast_to, delta_compatible
 from lakefeed.config.data_manifest import TextFileFormat
 from lakefeed.config.model import CsvFormat, FileFormat
@@ -178,12 +178,16 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
         except pa.ArrowInvalid:
             pass  # find the bad lines one by one below
         rows, bad = [], []
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    value = json.loads(line)
+                    value = json_text.loads_line(line)
+                except json_text.KeyTwice:
+                    bad += [BadRow(number, json_text.reason(column, key), line.rstrip("\n"), column or key)
+                            for _, column, key in json_text.twice(line)]
+                    continue
                 except ValueError as exc:
                     bad.append(BadRow(number, f"invalid JSON: {exc}", line.rstrip("\n")))
                     continue
@@ -194,11 +198,27 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
         result = conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)
         result.bad[:0] = bad
         return result
-    document = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        text = json_text.utf8(path.read_bytes())
+    except json_text.NotUtf8 as exc:
+        return FileRead(None, [BadRow(None, f"the file is {exc}", _head(path))])
+    bad = []
+    try:
+        document = json_text.loads(text)
+    except json_text.KeyTwice:  # those records are quarantined, the others taken
+        twice, written = json_text.twice(text), json_text.sources(text)
+        bad = [BadRow(None, f"record {i + 1}: {json_text.reason(column, key)}", written[i], column or key)
+               for i, column, key in twice]
+        document = json.loads(text)
+        at_fault = {i for i, _, _ in twice}
+        document = [row for i, row in enumerate(document if isinstance(document, list) else [document])
+                    if i not in at_fault]
     rows = document if isinstance(document, list) else [document]
     if not all(isinstance(r, dict) for r in rows):
         return FileRead(None, [BadRow(None, "a JSON file must hold an object or an array of objects", _head(path))])
-    return conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)
+    result = conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)
+    result.bad[:0] = bad
+    return result
 
 
 def from_rows(rows: list[dict[str, Any]]) -> pa.Table:
