@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
 import pyarrow as pa
 
 from lakefeed.batch.cdc import MergePlan
@@ -93,28 +94,32 @@ class Model:
     def _apply_key(self, k, changes: list) -> list:
         """A key's changes (ranked), one at a time: an insert only if the key is absent (a ledger's rows are
         inserts: the first wins), an update only if it is present (else update_of_absent), an upsert always, a
-        delete makes it absent. Changes older than the key's last deletion are stale; the key's outcome
-        applies only if the row it leaves (or its deletion) is at least as new as the stored row."""
+        delete makes it absent. With a sequence, a change older than what the key is when it comes (its row, or
+        the deletion that left it absent, remembered in `tombstones`) is stale: it does nothing."""
         seq = lambda row: tuple(row[s] for s in self.sequence)  # noqa: E731
-        if k in self.tombstones:
-            changes = [(kind, row) for kind, row in changes if seq(row) >= self.tombstones[k]]
         old = self.state.get(k)
         current, last = old, None  # `last`: the change that made `current` (None: the key is untouched)
+        newest = seq(old) if old is not None else self.tombstones.get(k)  # of what the key is (None: nothing)
         for kind, row in changes:
+            if self.sequence and newest is not None and seq(row) < newest:
+                continue
             if kind == "delete":
                 current, last = None, row
             elif kind == "upsert" or (kind == "insert" and current is None) or \
                     (kind == "update" and (current is not None or self.update_of_absent == "insert")):
                 current, last = row, row
-            elif kind == "update" and current is None and self.update_of_absent == "quarantine":
-                self.quarantined += 1
+            else:
+                if kind == "update" and current is None and self.update_of_absent == "quarantine":
+                    self.quarantined += 1
+                continue  # ignored: the key stays what it was
+            newest = seq(row)
         if last is None:
             return []
         if current is None and self.sequence:
-            self.tombstones[k] = max(seq(last), self.tombstones.get(k, seq(last)))
+            self.tombstones[k] = seq(last)
         if old is None:
             return [] if current is None else self._set(k, [(APPEND, current)], current)
-        if seq(last) < seq(old) or old == current:
+        if old == current:
             return []
         if current is None:
             return self._set(k, [(RETRACT, old)], None)
@@ -129,19 +134,26 @@ class Model:
 
 
 class DictTable:
-    """A table sink on a dictionary, for tests of the reduction without Delta: `lookup` as TableSink's, and
-    `merge` as the sinks' keyed MERGE (connectors/sinks/delta_rs.py): a key the table holds is deleted or
-    updated by a change at least as new as its row; a key it does not hold inserted by a create (or an update,
-    when updates of absent keys insert)."""
+    """A table sink on a dictionary, for tests of the reduction without Delta: `lookup` as TableSink's (counted),
+    `may_hold_newer` as DeltaRsSink's with exact statistics, and `merge` as the sinks' keyed MERGE
+    (connectors/sinks/delta_rs.py): a key the table holds is deleted or updated by a change at least as new as its
+    row; a key it does not hold inserted by a create (or an update, when updates of absent keys insert)."""
 
     def __init__(self, key: str = "k") -> None:
         self.key = key
         self.rows: dict = {}
+        self.lookups = 0
 
     def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
         held = [k for k in dict.fromkeys(keys.column(self.key).to_pylist()) if k in self.rows]
+        self.lookups += 1
         return pa.table({self.key: pa.array(held, keys.schema.field(self.key).type),
                          **{c: pa.array([self.rows[k][c] for k in held], pa.int64()) for c in columns}})
+
+    def may_hold_newer(self, rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+        """As file statistics tell it: whether a row's sequence is below the largest the table holds."""
+        top = max((tuple(row[c] for c in columns) for row in self.rows.values()), default=None)
+        return np.array([top is not None and tuple(r[c] for c in columns) < top for r in rows.to_pylist()], bool)
 
     def merge(self, source: pa.Table, plan: MergePlan) -> None:
         for row in source.to_pylist():

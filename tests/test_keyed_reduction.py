@@ -134,34 +134,84 @@ def test_a_reduction_in_buckets_is_the_reduction_of_the_whole_batch(tmp_path_fac
 
 changes = st.fixed_dictionaries({"k": st.integers(0, 4), "v": st.sampled_from(["a", "b"]), "seq": st.integers(0, 3),
                                  "op": st.sampled_from(["insert", "update", "upsert", "delete"])})
+change_batches = st.lists(st.lists(st.lists(changes, max_size=5), min_size=1, max_size=3), min_size=1, max_size=4)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(st.lists(st.lists(changes, max_size=5), min_size=1, max_size=3), min_size=1, max_size=4),
-       sequence=st.booleans(), update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]))
-def test_a_reduction_merged_is_the_changes_applied_one_by_one(tmp_path_factory, batches, sequence,
-                                                               update_of_absent):
-    """Mixed inserts, updates, upserts and deletes, batch after batch (keys held or not before each), with and
-    without `sequence_by` (older changes arriving later, deletions' tombstones): the table, the tombstones and the
-    quarantine are those of the model, once the commit has settled the rows that depend on the table."""
-    cfg = _cfg(tmp_path_factory.mktemp("model"), "changelog", sequence, update_of_absent, "apply")
+def _applied_one_by_one(tmp, batches: list, sequence: bool, update_of_absent: str) -> int:
+    """Batch after batch reduced, settled against the table (`keyed.settled`, as the commit does) and merged;
+    after each, the table, the tombstones and the quarantine are those of the model. The number of lookups made."""
+    cfg = _cfg(tmp, "changelog", sequence, update_of_absent, "apply")
     model = Model("changelog", sequence=("seq",) if sequence else (), update_of_absent=update_of_absent)
     table, tombstones, quarantined = DictTable(), DictTable(), 0
     for b, files in enumerate(batches):
         rows = [[{**r, "IsDelete": None, "minute": 0} for r in f] for f in files]
         data = pa.concat_tables([_part(f, "changelog", b * 10 + n, False, False) for n, f in enumerate(rows)])
         done = keyed.reduction(data, cfg, None, None, tombstones if sequence else None)
-        held = pc.is_in(done.rows.column("k"), pa.array(list(table.rows), pa.int64())).to_numpy(zero_copy_only=False)
-        reduced, absent = cdc.resolve(done.rows, held)
+        reduced, absent = keyed.settled(done.rows, cfg.cdc, table.lookup, table.may_hold_newer)
+        assert len(set(reduced.column("k").to_pylist())) == reduced.num_rows  # one MERGE row per key
         quarantined += len(done.bad) + len(absent)
         table.merge(reduced.select(["k", "v", "seq", "op", cdc.KIND]), cdc.plan(cfg.cdc, ["k", "v", "seq", "op"]))
         for row in reduced.filter(pc.equal(reduced.column(cdc.KIND), "delete")).to_pylist() if sequence else ():
             tombstones.rows[row["k"]] = max(tombstones.rows.get(row["k"], row), row, key=lambda r: r["seq"])
         model.apply_batch([[{"k": r["k"], "v": r["v"], "seq": r["seq"], "op": r["op"]} for r in f] for f in files])
         assert table.rows == model.state
-        assert {k: (r["seq"],) for k, r in tombstones.rows.items()} == model.tombstones
+        # A key's tombstone decides only while the table does not hold it. A delete older than the stored row,
+        # the only change of its key in the batch, is remembered too (only the MERGE sees it is stale): older than
+        # the row, it never decides anything.
+        assert {k: (r["seq"],) for k, r in tombstones.rows.items() if k not in table.rows} == \
+            {k: seq for k, seq in model.tombstones.items() if k not in model.state}
+        assert all(tombstones.rows[k]["seq"] <= row["seq"] for k, row in table.rows.items() if k in tombstones.rows)
         assert quarantined == model.quarantined
+    return table.lookups
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(batches=change_batches, sequence=st.booleans(), update_of_absent=st.sampled_from(["insert", "ignore",
+                                                                                          "quarantine"]))
+def test_a_reduction_merged_is_the_changes_applied_one_by_one(tmp_path_factory, batches, sequence,
+                                                               update_of_absent):
+    """Mixed inserts, updates, upserts and deletes, batch after batch (keys held or not before each), with and
+    without `sequence_by` (older changes arriving later, deletions' tombstones): the table, the tombstones and the
+    quarantine are those of the model, once the commit has settled the rows that depend on the table."""
+    _applied_one_by_one(tmp_path_factory.mktemp("model"), batches, sequence, update_of_absent)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(stored=st.dictionaries(st.integers(0, 3), st.tuples(st.sampled_from(["upsert", "delete"]), st.integers(0, 6)),
+                              max_size=4),
+       batch=st.lists(st.fixed_dictionaries({"k": st.integers(0, 3), "v": st.sampled_from(["a", "b"]),
+                                             "seq": st.integers(0, 6),
+                                             "op": st.sampled_from(["insert", "update", "upsert", "delete"])}),
+                      min_size=1, max_size=8),
+       update_of_absent=st.sampled_from(["insert", "ignore", "quarantine"]))
+def test_with_a_sequence_a_change_older_than_the_stored_row_does_nothing(tmp_path_factory, stored, batch,
+                                                                          update_of_absent):
+    """Keys the table holds at a sequence of their own, or deleted at one (a tombstone), then a batch of a key's
+    several changes, some older than that: as applied one by one, each checked against what the key is when it
+    comes (docs/cdc.md); a delete then an insert or update of its key is where the MERGE alone would differ."""
+    first = [{"k": k, "v": "s", "seq": seq, "op": op} for k, (op, seq) in stored.items()]
+    _applied_one_by_one(tmp_path_factory.mktemp("stored"), [[first], [batch]], True, update_of_absent)
+
+
+def _lookups(tmp, batches: list) -> int:
+    tmp.mkdir()
+    return _applied_one_by_one(tmp, batches, True, "ignore")
+
+
+def test_keys_of_one_change_or_only_newer_changes_are_not_looked_up(tmp_path):
+    """A key waits for its stored row's sequence only where a delete comes before an insert or update of it in
+    the batch, and is looked up only when a change of it may be older than a row the table holds (its files'
+    statistics): a batch of one change per key, or of changes newer than anything stored, asks the table nothing."""
+    stored = [{"k": k, "v": "s", "seq": 3, "op": "upsert"} for k in range(3)]
+    one_each = [{"k": k, "v": "a", "seq": 1, "op": op} for k, op in enumerate(["delete", "insert", "update"])]
+    assert _lookups(tmp_path / "one", [[stored], [one_each]]) == 0
+    newer = [{"k": 1, "v": "a", "seq": 4, "op": "delete"}, {"k": 1, "v": "b", "seq": 5, "op": "insert"},
+             {"k": 2, "v": "a", "seq": 4, "op": "delete"}, {"k": 2, "v": "b", "seq": 5, "op": "update"}]
+    assert _lookups(tmp_path / "newer", [[stored], [newer]]) == 0
+    older = [{"k": 1, "v": "a", "seq": 1, "op": "delete"}, {"k": 1, "v": "b", "seq": 5, "op": "insert"}]
+    assert _lookups(tmp_path / "older", [[stored], [older]]) == 1
 
 
 def test_the_snapshot_files_and_retracted_files_are_taken_in_each_bucket(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from lakefeed.batch.cdc import MergePlan
@@ -75,6 +76,11 @@ class TableSink(ABC):
     @abstractmethod
     def lookup(self, keys: pa.Table, columns: tuple[str, ...] = ()) -> pa.Table:
         """The rows of `keys` that the table holds, with the table's `columns` beside the key columns."""
+
+    @abstractmethod
+    def may_hold_newer(self, rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+        """For each row, whether the table may hold a row whose `columns` compare (lexicographically) above its
+        own: False only where the table can tell it holds none (by its files' statistics, say)."""
 
     @abstractmethod
     def changes(self, table_version: int) -> pa.Table:

@@ -40,7 +40,7 @@ from lakefeed.connectors.sinks.merge_sql import (
     newer_clause,
     within,
 )
-from lakefeed.connectors.sinks.pruning import may_hold
+from lakefeed.connectors.sinks.pruning import may_hold, upper_bound
 
 _log = log.get(__name__)
 CDF = "delta.enableChangeDataFeed"
@@ -297,6 +297,27 @@ class DeltaRsSink(TableSink):
         found = [batch.filter(pc.is_in(batch.column(names[0]), value_set=first))
                  for batch in map(_plain, dataset.to_batches(columns=[*names, *columns]))]
         return wanted.join(pa.Table.from_batches(found, schema), keys=names, join_type="inner")
+
+    def may_hold_newer(self, rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+        """Whether the table may hold a row whose `columns` compare (lexicographically) above each row's: below the
+        largest values its files' statistics record, widened where writers record them inexactly (pruning.py).
+        True wherever the statistics cannot tell (a column without them, a file without them, a type not widened);
+        False for a table without rows."""
+        table = self._load()
+        if table is None or rows.num_rows == 0:
+            return np.zeros(rows.num_rows, dtype=bool)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return np.zeros(rows.num_rows, dtype=bool)
+        below, equal = np.zeros(rows.num_rows, dtype=bool), np.ones(rows.num_rows, dtype=bool)
+        for column in columns:  # (max of each column) is at or above every row's values, lexicographically
+            bound = upper_bound(actions, column, rows.schema.field(column).type)
+            if bound is None:
+                return np.ones(rows.num_rows, dtype=bool)
+            values = rows.column(column)
+            below |= equal & pc.fill_null(pc.less(values, bound), True).to_numpy(zero_copy_only=False)
+            equal &= pc.fill_null(pc.equal(values, bound), False).to_numpy(zero_copy_only=False)
+        return below
 
     def changes(self, table_version: int) -> pa.Table:
         table = self._load()

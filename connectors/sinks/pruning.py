@@ -1,5 +1,6 @@
 """Which files of a Delta table may hold some of a set of key values, by the files' min/max statistics: a lookup
-reads only those. A file left out wrongly loses a present key (a delete comes back, an update is taken for one of
+reads only those (`may_hold`); and a value above all of a column's (`upper_bound`: whether a key may have a newer
+stored row). A file left out wrongly loses a present key (a delete comes back, an update is taken for one of
 an absent key), so each bound is widened where writers record it inexactly, as the `_delta_log`s of tables that
 delta-rs 1.6 and delta-spark 4.4 write here show:
 
@@ -15,7 +16,7 @@ delta-rs 1.6 and delta-spark 4.4 write here show:
 
 from __future__ import annotations
 
-from decimal import Decimal, localcontext
+from decimal import ROUND_CEILING, Decimal, localcontext
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 _MILLISECOND = np.timedelta64(1, "ms")
+_MILLISECOND_IN = {"s": 1, "ms": 1, "us": 1000, "ns": 1_000_000}  # a millisecond in each unit (seconds: one)
 _FLOAT_ERROR = Decimal("1e-15")  # relative; a double's rounding is 2^-53 (1.1e-16)
 _TIE_BREAKERS = "\x7f\ufffd\U0010ffff"  # what delta-spark's releases append to a cut max
 
@@ -80,3 +82,26 @@ def _decimals(bounds: np.ndarray, sign: int, scale: int) -> np.ndarray:
         context.prec = 80  # exact: the type holds 38 digits at most
         return np.array([b + sign * (abs(b) * _FLOAT_ERROR + Decimal(1).scaleb(-scale)) for b in bounds],
                         dtype=object)
+
+
+def upper_bound(actions: pa.Table, column: str, kind: pa.DataType) -> pa.Scalar | None:
+    """A value of type `kind` at or above every value of `column` in the files of `actions` (add actions with
+    statistics), or None: a file records no max (no statistics, or only nulls), or the type is not one widened."""
+    stat = f"max.{column}"
+    if stat not in actions.column_names or actions.column(stat).null_count:
+        return None
+    top = pc.max(actions.column(stat))
+    try:
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date(kind):
+            return top.cast(kind)
+        if pa.types.is_timestamp(kind):  # cut to the millisecond
+            return pa.scalar(top.cast(kind).value + _MILLISECOND_IN[kind.unit], kind)
+        if pa.types.is_decimal(kind):  # through a JSON float
+            wider = _decimals(np.array([top.as_py()], dtype=object), 1, kind.scale)[0]
+            return pa.scalar(wider.quantize(Decimal(1).scaleb(-kind.scale), rounding=ROUND_CEILING), kind)
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):  # cut to a prefix
+            above = _above_prefix(top.as_py())
+            return None if above is None else pa.scalar(above, kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ArithmeticError):
+        pass  # a value the type cannot hold: no bound
+    return None

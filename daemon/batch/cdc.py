@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,9 @@ INCREMENTAL_KINDS = {"Insert": "insert", "Update": "update", "Delete": "delete",
 _TS = pa.timestamp("us", tz="UTC")
 # Kinds of reduced rows whose outcome depends on whether the table holds the key (`resolve` settles them)
 IF_HELD, IF_ABSENT, BAD_IF_ABSENT = "if_held", "if_absent", "bad_if_absent"
+# The kinds of the rows of a key whose outcome depends on its stored row's sequence start so; those rows are the
+# key's changes as they came (`keyed.settled` settles them)
+WAITS = "waits:"
 
 
 @dataclass(frozen=True)
@@ -132,10 +136,11 @@ def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
     return out
 
 
-def reduce(data: pa.Table, cfg: CdcConfig,
-           snapshot: Snapshot | None = None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+def reduce(data: pa.Table, cfg: CdcConfig, snapshot: Snapshot | None = None,
+           stored_known: bool = False) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """One row per key: its changes of the batch as one MERGE row (a few keys carry the rows `resolve`
-    settles), and the updates quarantined on the way.
+    settles, or with `sequence_by` all their changes, kinds marked `WAITS`), and the updates quarantined on the
+    way. `stored_known`: no change is older than its key's stored row (those were left out): no key waits.
 
     With a snapshot strategy, the rows of the snapshot's files are the whole state (of their
     scopes; even when empty), and earlier snapshots in the batch are superseded.
@@ -159,11 +164,11 @@ def reduce(data: pa.Table, cfg: CdcConfig,
         return data.take(order[new_key]), []
     if cfg.strategy == "snapshot":  # the last row of a key is its state
         return data.take(order[np.append(new_key[1:], True)]), []
-    return _paths(data, order, new_key, cfg.update_of_absent)
+    return _paths(data, order, new_key, cfg.update_of_absent, bool(cfg.sequence_by) and not stored_known)
 
 
-def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
-           update_of_absent: str) -> tuple[pa.Table, list]:
+def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray, update_of_absent: str,
+           sequenced: bool) -> tuple[pa.Table, list]:
     """Each key's changes (`order`: the rows sorted by key, then rank) applied one by one, as a MERGE row.
 
     Whether a change applies depends on whether the key is there when it comes (an insert only on an absent
@@ -172,6 +177,11 @@ def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
     upserts i, (i, absent) updates i, (absent, absent) deletes. Where the paths end in different rows, or an
     update would be quarantined on A only, the outcome depends on the table: those rows carry the kinds of
     `resolve`, for the driver to settle by looking the keys up.
+
+    With a sequence (`sequenced`), a change older than the stored row is stale: it does not apply. The MERGE
+    checks the outcome alone against the stored row, which is the same as checking each change, but where an
+    insert or update comes after a delete of the batch: the delete leaves the key absent on both paths, unless it
+    is older than the stored row. Such a key waits: its changes stay as they came, their kinds marked `WAITS`.
     """
     rows = np.arange(data.num_rows)
     kinds = data.column(KIND).take(order)
@@ -190,19 +200,30 @@ def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray,
     final = {path: _last_applied(is_, there, inserting, start, last) for path, there in before.items()}
     p, a = final["P"], final["A"]
     p_row, a_row = (p >= 0) & ~is_["delete"][p], (a >= 0) & ~is_["delete"][a]
-    picks = [(p[p_row & (p == a)], "upsert"), (a[(p < 0) & a_row], "insert"), (p[p_row & ~a_row], "update"),
-             (p[(p >= 0) & ~p_row], "delete"), (p[p_row & a_row & (p != a)], IF_HELD),
-             (a[p_row & a_row & (p != a)], IF_ABSENT)]
+    key_of = np.cumsum(new_key) - 1
+    waits = np.zeros(len(last), dtype=bool)  # of each key
+    if sequenced:
+        waits[key_of[(is_["insert"] | is_["update"]) & ~before["P"]]] = True
+    go, row_goes = ~waits, ~waits[key_of]
+    picks: list[tuple[np.ndarray, Any]] = [
+        (p[go & p_row & (p == a)], "upsert"), (a[go & (p < 0) & a_row], "insert"), (p[go & p_row & ~a_row], "update"),
+        (p[go & (p >= 0) & ~p_row], "delete"), (p[go & p_row & a_row & (p != a)], IF_HELD),
+        (a[go & p_row & a_row & (p != a)], IF_ABSENT)]
     bad: list = []
     if update_of_absent == "quarantine":
         # An update of an absent key is quarantined on the path the table is on: after a delete of the
         # batch both paths are absent (always); before any, only A is (when the table does not hold the key).
-        always = is_["update"] & ~before["P"]
+        always = is_["update"] & ~before["P"] & row_goes
         if always.any():
             bad = _bad(data, dict.fromkeys(order[always].tolist(), "update of a key deleted before it"))
-        picks.append((rows[is_["update"] & before["P"] & ~before["A"]], BAD_IF_ABSENT))
+        picks.append((rows[is_["update"] & before["P"] & ~before["A"] & row_goes], BAD_IF_ABSENT))
+    if waits.any():
+        waiting = rows[~row_goes]
+        picks.append((waiting, pc.binary_join_element_wise(WAITS, kinds.take(waiting), "").to_numpy(
+            zero_copy_only=False)))
     at = np.concatenate([where for where, _ in picks])
-    kind = np.concatenate([np.full(len(where), name, dtype=object) for where, name in picks])
+    kind = np.concatenate([np.full(len(where), name, dtype=object) if isinstance(name, str) else name
+                           for where, name in picks])
     ranked = np.argsort(at, kind="stable")  # in the rows' order: a key's rows together
     out = data.take(order[at[ranked]])
     return out.set_column(out.schema.get_field_index(KIND), KIND, pa.array(kind[ranked], pa.string())), bad
@@ -215,6 +236,17 @@ def _last_applied(is_: dict[str, np.ndarray], there: np.ndarray, inserting: bool
     applies = is_["upsert"] | is_["delete"] | (is_["insert"] & ~there) | (is_["update"] & (there | inserting))
     applied = np.maximum.accumulate(np.where(applies, np.arange(len(there)), -1))[last]
     return np.where(applied >= start[last], applied, -1)
+
+
+def waiting(reduced: pa.Table) -> np.ndarray:
+    """The reduced rows of keys whose outcome depends on their stored row's sequence (see `_paths`)."""
+    return pc.starts_with(reduced.column(KIND), WAITS).to_numpy(zero_copy_only=False)
+
+
+def as_they_came(rows: pa.Table) -> pa.Table:
+    """Waiting rows with the kinds of the changes they are."""
+    kinds = pc.utf8_slice_codeunits(rows.column(KIND), len(WAITS))
+    return rows.set_column(rows.schema.get_field_index(KIND), KIND, kinds)
 
 
 def path_dependent(reduced: pa.Table) -> np.ndarray:

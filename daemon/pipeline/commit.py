@@ -269,30 +269,36 @@ class Committer:
         return data
 
     def _settled(self, reduced: pa.Table, batch_id: int) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
-        """The rows whose outcome depends on whether the table held their key before the batch (an update then
-        an insert, an update quarantined only if the key was absent: `cdc.resolve`), settled by looking it up."""
-        marked = cdc.path_dependent(reduced)
-        if not marked.any():
-            return reduced, []
-        held = np.zeros(reduced.num_rows, dtype=bool)
-        held[marked] = self._held(reduced.filter(pa.array(marked)), batch_id)
-        return cdc.resolve(reduced, held)
+        """The rows whose outcome depends on the table (whether it held their key before the batch, its stored
+        row's sequence: `keyed.settled`), settled by looking the keys up."""
+        return keyed.settled(reduced, self.cfg.cdc, lambda keys, columns: self._stored(keys, columns, batch_id),
+                             lambda rows, columns: self._may_hold_newer(rows, columns, batch_id))
 
-    def _held(self, rows: pa.Table, batch_id: int) -> np.ndarray:
-        """Whether the table held each row's key before the batch; once the batch's merge committed (a replay),
-        the keys it held are those that merge did not insert, as the lookup found them the first time."""
-        keys = list(self.cfg.cdc.primary_key)
+    def _may_hold_newer(self, rows: pa.Table, columns: tuple[str, ...], batch_id: int) -> np.ndarray:
+        """Whether the table may have held a row newer than each row (in `columns`) before the batch: by its files'
+        statistics, which tell of the table as it is, so once the batch's merge committed (a replay), of what it
+        left: True for every row then."""
+        if self.done(self.sinks.table, batch_id):
+            return np.ones(rows.num_rows, dtype=bool)
+        return self.sinks.table.may_hold_newer(rows, columns)
+
+    def _stored(self, keys: pa.Table, columns: tuple[str, ...], batch_id: int) -> pa.Table:
+        """The table's rows of `keys` (their keys and `columns`) as they stood before the batch. Once the batch's
+        merge committed (a replay), those it changed are what it changed them from (none for those it inserted),
+        the others as they still are: what the lookup found the first time."""
+        names = keys.column_names
         table = self.sinks.table
         version = table.version_of(self.app_id, batch_id) if self.done(table, batch_id) else None
         if version is None:
-            found = table.lookup(rows.select(keys))
-        else:
-            changes = table.changes(version)
-            found = changes.filter(pc.equal(changes.column("_change_type"), "insert")).select(keys)
-            found = found.group_by(keys).aggregate([])
-        found = found.append_column("__found", pa.array(np.ones(found.num_rows, dtype=bool)))
-        missing = keyed.beside(rows, found, keys).column("__found").is_null().to_numpy(zero_copy_only=False)
-        return ~missing if version is None else missing
+            return table.lookup(keys, columns)
+        changes = table.changes(version)
+        old = pc.is_in(changes.column("_change_type"), value_set=pa.array(["update_preimage", "delete"]))
+        touched = changes.select(names).group_by(names).aggregate([])
+        parts = [changes.filter(old).select([*names, *columns])]
+        untouched = keys.join(touched, keys=names, join_type="left anti")
+        now = table.lookup(untouched, columns) if untouched.num_rows else untouched
+        parts += [now.select([*names, *columns])] if now.num_rows else []
+        return pa.concat_tables(parts, promote_options="permissive")
 
     def _bury(self, reduced: pa.Table, batch_id: int) -> None:
         """Record the sequence of every deletion of the batch (newest per key wins)."""

@@ -3,8 +3,9 @@
 The stage tasks (daemon/pipeline/tasks.py) cut the rows they staged into buckets by key (daemon/batch/buckets.py),
 so every change of a key is in one bucket. One task per bucket reads that bucket of every staged part, in the
 batch's order, resolves the rows' kinds, sets late rows apart, reduces the rows to each key's final change
-(`cdc.reduce`) and stages what is left. The driver reads only those rows, one per key, for the MERGE; the MERGE
-runs wherever the table's writer can (delta-rs: in the driver).
+(`cdc.reduce`) and stages what is left. The driver reads only those rows, one per key, for the MERGE, and settles the
+few whose outcome depends on the table (`settled`); the MERGE runs wherever the table's writer can (delta-rs: in the
+driver).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.read import BadRow
-from lakefeed.config.model import EntityConfig
+from lakefeed.config.model import CdcConfig, EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.pipeline import tasks
@@ -75,15 +76,78 @@ def _fresh(rows: pa.Table, cfg: EntityConfig, tombstones: TableSink | None) -> t
     found = tombstones.lookup(rows.select(keys), seq)
     if found.num_rows == 0:
         return rows, 0
-    found = found.rename_columns([*keys, *(f"__tomb_{c}" for c in seq)])
-    joined = beside(rows, found, keys)
+    stale = _older(rows, found, keys, seq)
+    return (rows.filter(pa.array(~stale)) if stale.any() else rows), int(stale.sum())
+
+
+def _older(rows: pa.Table, found: pa.Table, keys: list[str], seq: tuple[str, ...]) -> np.ndarray:
+    """Whether each row's sequence is older than that of the row of its key in `found` (keys, then `seq`'s
+    columns), compared lexicographically; False where its key is not in `found`."""
+    if found.num_rows == 0:
+        return np.zeros(rows.num_rows, dtype=bool)
+    joined = beside(rows, found.rename_columns([*keys, *(f"__found_{c}" for c in seq)]), keys)
     older = np.zeros(rows.num_rows, dtype=bool)
     equal = np.ones(rows.num_rows, dtype=bool)
     for c in seq:  # lexicographic: older at the first sequence column that differs
-        mine, tomb = rows.column(c), joined.column(f"__tomb_{c}")
-        older |= equal & pc.fill_null(pc.less(mine, tomb), False).to_numpy(zero_copy_only=False)
-        equal &= pc.fill_null(pc.equal(mine, tomb), False).to_numpy(zero_copy_only=False)
-    return (rows.filter(pa.array(~older)) if older.any() else rows), int(older.sum())
+        mine, theirs = rows.column(c), joined.column(f"__found_{c}")
+        older |= equal & pc.fill_null(pc.less(mine, theirs), False).to_numpy(zero_copy_only=False)
+        equal &= pc.fill_null(pc.equal(mine, theirs), False).to_numpy(zero_copy_only=False)
+    return older
+
+
+Stored = Callable[[pa.Table, tuple[str, ...]], pa.Table]  # keys -> the table's rows of them (keys, those columns)
+Newer = Callable[[pa.Table, tuple[str, ...]], np.ndarray]  # rows -> whether the table may hold a row newer in those
+
+
+def settled(reduced: pa.Table, cfg: CdcConfig, stored: Stored,
+            may_hold_newer: Newer) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """The MERGE rows of a reduced batch, and the updates quarantined on the way, once the table has told what they
+    depend on (`stored`: its rows of some keys as they stood before the batch):
+
+    - the keys that wait for their stored row's sequence (`cdc.WAITS`): their changes older than the stored row are
+      stale and left out, the others reduced as the table holds the key or not. Only the keys with a change the
+      table may hold a newer row than (`may_hold_newer`: by its files' statistics) are looked up; the others
+      cannot have a stale change and are reduced as any key is;
+    - the rows whose outcome depends on whether the table holds their key (`cdc.path_dependent`).
+
+    A batch that has neither asks the table nothing; one that has both asks once."""
+    keys, seq = list(cfg.primary_key), cfg.sequence_by
+    bad: list[tuple[str, BadRow]] = []
+    waits = cdc.waiting(reduced)
+    asked = reduced.slice(0, 0)
+    if waits.any():
+        rows = cdc.as_they_came(reduced.filter(pa.array(waits)))
+        maybe = _of_keys(rows, keys, may_hold_newer(rows, seq))
+        free, bad = cdc.reduce(rows.filter(pa.array(~maybe)), cfg, stored_known=True)
+        reduced, asked = pa.concat_tables([reduced.filter(pa.array(~waits)), free]), rows.filter(pa.array(maybe))
+    marked = cdc.path_dependent(reduced)
+    if not marked.any() and not asked.num_rows:
+        return reduced, bad
+    probe = pa.concat_tables([reduced.filter(pa.array(marked)).select(keys), asked.select(keys)])
+    found = stored(probe, seq if asked.num_rows else ())
+    absent: list[tuple[str, BadRow]] = []
+    if marked.any():
+        held = np.zeros(reduced.num_rows, dtype=bool)
+        held[marked] = _held(reduced.filter(pa.array(marked)), found, keys)
+        reduced, absent = cdc.resolve(reduced, held)
+    if asked.num_rows:
+        fresh, dropped = cdc.reduce(asked.filter(pa.array(~_older(asked, found, keys, seq))), cfg, stored_known=True)
+        fresh, more = cdc.resolve(fresh, _held(fresh, found, keys))
+        reduced, absent = pa.concat_tables([reduced, fresh]), [*absent, *dropped, *more]
+    return reduced, [*bad, *absent]
+
+
+def _held(rows: pa.Table, found: pa.Table, keys: list[str]) -> np.ndarray:
+    """Whether each row's key is in `found`."""
+    found = found.select(keys).append_column("__held", pa.array(np.ones(found.num_rows, dtype=bool)))
+    return beside(rows, found, keys).column("__held").is_valid().to_numpy(zero_copy_only=False)
+
+
+def _of_keys(rows: pa.Table, keys: list[str], marked: np.ndarray) -> np.ndarray:
+    """Every row of a key one of whose rows is marked."""
+    if marked.all() or not marked.any():
+        return marked
+    return _held(rows, rows.filter(pa.array(marked)).select(keys).group_by(keys).aggregate([]), keys)
 
 
 def beside(rows: pa.Table, found: pa.Table, keys: list[str]) -> pa.Table:
