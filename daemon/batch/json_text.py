@@ -49,16 +49,17 @@ def utf8(text: bytes) -> bytes:
 
 
 def loads(text: bytes) -> Any:
-    """The JSON text (UTF-8, without a byte order mark) parsed; KeyTwice when an object names a key twice, ValueError
-    when it is not JSON."""
-    small = len(text) <= PAIRS_BYTES
+    """The JSON text (UTF-8, without a byte order mark) parsed, ValueError when it is not JSON. A small text is
+    checked in the parser (KeyTwice when an object names a key twice); a larger one by `unique` once its records
+    are known to be objects."""
     decoded = text.decode("utf-8", "surrogatepass")  # as json.loads decodes bytes
-    document = _UNIQUE.decode(decoded) if small else json.loads(decoded)
-    if not small:
-        rows = document if isinstance(document, list) else [document]
-        if not _no_key_twice(text, [r for r in rows if isinstance(r, dict)]):
-            _UNIQUE.decode(decoded)  # counting proves nothing: the parser checks (KeyTwice)
-    return document
+    return _UNIQUE.decode(decoded) if len(text) <= PAIRS_BYTES else json.loads(decoded)
+
+
+def unique(text: bytes, rows: list[dict[str, Any]]) -> None:
+    """KeyTwice when an object of the JSON text, parsed (`loads`) as these records, names a key twice."""
+    if len(text) > PAIRS_BYTES and not _no_key_twice(text, rows):
+        _UNIQUE.decode(text.decode("utf-8", "surrogatepass"))  # counting proves nothing: the parser checks
 
 
 def loads_line(line: str) -> Any:

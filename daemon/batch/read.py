@@ -205,15 +205,16 @@ def _read_json(path: Path, kind: str, target: pa.Schema | None) -> FileRead:
     bad = []
     try:
         document = json_text.loads(text)
+        rows = document if isinstance(document, list) else [document]
+        if all(map(dict.__instancecheck__, rows)):
+            json_text.unique(text, rows)
     except json_text.KeyTwice:  # those records are quarantined, the others taken
         twice, written = json_text.twice(text), json_text.sources(text)
         bad = [BadRow(None, f"record {i + 1}: {json_text.reason(column, key)}", written[i], column or key)
                for i, column, key in twice]
-        document = json.loads(text)
-        at_fault = {i for i, _, _ in twice}
-        document = [row for i, row in enumerate(document if isinstance(document, list) else [document])
-                    if i not in at_fault]
-    rows = document if isinstance(document, list) else [document]
+        document, at_fault = json.loads(text), {i for i, _, _ in twice}
+        rows = [row for i, row in enumerate(document if isinstance(document, list) else [document])
+                if i not in at_fault]
     if not all(isinstance(r, dict) for r in rows):
         return FileRead(None, [BadRow(None, "a JSON file must hold an object or an array of objects", _head(path))])
     result = conform(from_rows(rows), target, first_line=None) if rows else FileRead(None)

@@ -30,15 +30,16 @@ def json_array(body: bytes) -> list[dict[str, Any]]:
     text = utf8(body)
     try:
         document = json_text.loads(text)
+        rows = document if isinstance(document, list) else [document]
+        if not all(map(dict.__instancecheck__, rows)):
+            raise Rejected(400, "the body must be a JSON array of objects", [
+                Problem(i + 1, None, "a record must be a JSON object") for i, r in enumerate(rows)
+                if not isinstance(r, dict)])
+        json_text.unique(text, rows)
     except json_text.KeyTwice:
         raise _rejected(_twice_problems(text, 1)) from None
     except ValueError as exc:
         raise Rejected(400, f"the body is not valid JSON: {exc}") from exc
-    rows = document if isinstance(document, list) else [document]
-    problems = [Problem(i + 1, None, "a record must be a JSON object") for i, r in enumerate(rows)
-                if not isinstance(r, dict)]
-    if problems:
-        raise Rejected(400, "the body must be a JSON array of objects", problems)
     return rows
 
 
