@@ -16,6 +16,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.errors import AnalysisException, PySparkTypeError
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from lakefeed.batch.schema import decoded
 from lakefeed.config import model as config
 from lakefeed.connectors.streams.spool_stream import SpoolDataSource
 from lakefeed.errors import TerminalError
@@ -694,3 +696,118 @@ def test_unreadable_webhook_bodies_are_400(make_api):
             aside.clear()
     finally:
         server.stop()
+
+
+def _dictionary(indices: list[int | None], values: pa.Array) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), values)
+
+
+def test_dictionaries_of_lists_structs_and_views_land_as_their_values(make_api):
+    """As a landed file's (batch/read.py conform): any dictionary, at any depth, is only an encoding of its values."""
+    api = make_api()
+    arrow = "application/vnd.apache.arrow.stream"
+    columns = {
+        "lists": _dictionary([0, 1, 0, None], pa.array([[1, 2], [3]])),
+        "structs": _dictionary([0, 1, 1, 0], pa.array([{"a": 1, "b": "x"}, None])),
+        "texts": _dictionary([0, 1, 0, 1], pa.array(["a", None])),  # a null value as well as a null index
+        "large": _dictionary([1, 0, 1, 0], pa.array(["l", "m"], pa.large_string())),
+        "bytes": _dictionary([0, 0, 1, 1], pa.array([b"\x00", b"\xff"], pa.large_binary())),
+        "views": _dictionary([0, 1, 0, 1], pa.array(["v" * 20, "w"], pa.string_view())),
+        "in_list": pa.ListArray.from_arrays(pa.array([0, 2, 2, 3, 3]), _dictionary([0, 1, 1], pa.array([[7], []]))),
+        "in_struct": pa.StructArray.from_arrays([_dictionary([0, 0, 0, 0], pa.array([{"z": 1.5}]))], ["s"]),
+        "in_map": pa.MapArray.from_arrays([0, 1, 1, 2, 2], pa.array(["k", "k"]),
+                                          _dictionary([1, 0], pa.array([10, 20]))),
+    }
+    ids = _dictionary([0, 1, 2, 3], pa.array(["i1", "i2", "i3", "i4"], pa.string_view()))  # the key: its values
+    status, answer, _ = api.post(encode(pa.table({"id": ids, **columns})), arrow)
+    assert status == 202 and answer["records"] == 4, answer
+    api.ingest()
+    rows = api.table()
+    assert [r["id"] for r in rows] == ["i1", "i2", "i3", "i4"]
+    for name, column in columns.items():
+        assert [r[name] for r in rows] == column.to_pylist(), name
+    # Sent plain, the same values fit the table's columns: the types are those of the values.
+    plain = pa.table({"id": ["i5"], **{n: pa.array(c[:1].to_pylist(), decoded(c.type)) for n, c in columns.items()}})
+    assert api.post(encode(plain), arrow)[0] == 202
+    api.ingest()
+    assert api.table()[-1]["lists"] == [1, 2] and api.table()[-1]["structs"] == {"a": 1, "b": "x"}
+    # A dictionary of lists is no key: a 400 naming it, as before.
+    status, answer, _ = api.post(encode(pa.table({"id": columns["lists"]})), arrow)
+    assert status == 400 and [p["field"] for p in answer["problems"]] == ["id"], answer
+
+
+def test_a_dictionary_that_decodes_past_the_bound_is_413_whatever_its_values_sizes(make_api):
+    """One long list among many empty ones: averaged over the dictionary it looks small, taken by every index it
+    is 5 GB. Each index counts as the value it takes."""
+    api = make_api(http={"max_body_bytes": 1 << 20})  # may decode to 8 MiB
+    offsets = np.zeros(100_002, np.int32)
+    offsets[1:] = 25_000  # value 0: 25,000 int64s (200 kB), values 1 to 100,000: empty
+    values = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(25_000, np.int64)))
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(25_000, np.int32)), values)
+    body = encode(pa.table({"id": np.arange(25_000), "c": column}))
+    assert len(body) < 1 << 20
+    status, answer, _ = api.post(body, "application/vnd.apache.arrow.stream")
+    assert status == 413 and "decodes to more than 8 × 1048576 bytes" in answer["error"], answer
+    assert api.frames() == 0
+
+
+def test_types_delta_has_not_are_stored_as_ones_it_has_or_refused_naming_the_column(make_api):
+    """Acknowledged records must be ones the table takes: a type is made one Delta has without losing a value, or
+    the request is a 400 naming the column (never a 202 that the commit refuses later)."""
+    api = make_api()
+    arrow = "application/vnd.apache.arrow.stream"
+    half = pa.array([1.5, None], pa.float32()).cast(pa.float16())
+    taken = {
+        "half": (half, [1.5, None]),
+        "dec32": (pa.array([Decimal("1.25"), None], pa.decimal32(5, 2)), [Decimal("1.25"), None]),
+        "dec64": (pa.array([Decimal("-2.5"), None], pa.decimal64(12, 2)), [Decimal("-2.5"), None]),
+        "dec256": (pa.array([Decimal("9" * 36), None], pa.decimal256(38, 2)), [Decimal("9" * 36), None]),
+        "time": (pa.array([1, None], pa.time64("us")), ["00:00:00.000001", None]),  # as CDM's time: text
+        "view": (pa.array([[1], None], pa.list_view(pa.int64())), [[1], None]),
+        "large_view": (pa.LargeListViewArray.from_arrays(pa.array([1, 0], pa.int64()), pa.array([2, 1], pa.int64()),
+                                                         pa.array([7, 8, 9])), [[8, 9], [7]]),  # views out of order
+        "nested": (pa.array([[["s"]], [None]], pa.list_(pa.list_(pa.string_view()))), [[["s"]], [None]]),
+        "nested_half": (pa.ListArray.from_arrays(pa.array([0, 1, 1], pa.int32()), half[:1]), [[1.5], []]),
+    }
+    for body in (encode(pa.table({"id": [1, 2], **{n: c for n, (c, _) in taken.items()}})),
+                 _parquet_of(pa.table({"id": [3, 4], **{n: c for n, (c, _) in taken.items() if "view" not in n}}))):
+        kind = arrow if body[:4] != b"PAR1" else "application/vnd.apache.parquet"
+        status, answer, _ = api.post(body, kind)
+        assert status == 202, answer
+    api.ingest()
+    rows = api.table()
+    for name, (_, expected) in taken.items():
+        assert [r[name] for r in rows[:2]] == expected, name
+    assert [r["half"] for r in rows[2:]] == [1.5, None] and rows[2]["time"] == "00:00:00.000001"
+    refused = [pa.UnionArray.from_dense(pa.array([0, 1], pa.int8()), pa.array([0, 0], pa.int32()),
+                                        [pa.array([1]), pa.array(["x"])]),
+               pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["x", "y"])]),
+               pa.array([1, 2], pa.duration("s")), pa.nulls(2, pa.month_day_nano_interval()),
+               pa.array([Decimal(1), None], pa.decimal256(50, 2)), pa.array([{}, {}], pa.struct([])),
+               pa.array([[1], [2]], pa.list_(pa.duration("ms")))]
+    for column in refused:
+        status, answer, _ = api.post(encode(pa.table({"id": [5, 6], "c": column})), arrow)
+        assert status == 400 and [p["field"] for p in answer["problems"]] == ["c"], (column.type, answer)
+    # Values the stored type cannot hold: a 400 naming the row and column, not one naming neither.
+    for column in (pa.array([1000, 1001], pa.timestamp("ns")), pa.array([1, 2**64 - 1], pa.uint64()),
+                   pa.array([[1], [2**64 - 1]], pa.list_(pa.uint64()))):
+        status, answer, _ = api.post(encode(pa.table({"id": [5, 6], "c": column})), arrow)
+        assert status == 400 and [(p["row"], p["field"]) for p in answer["problems"]] == [(2, "c")], answer
+    assert api.frames() == 2
+
+
+def _parquet_of(table: pa.Table) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    return out.getvalue()
+
+
+def test_an_empty_batch_of_string_views_is_taken_not_a_500(make_api):
+    api = make_api()
+    table = pa.table({"id": [1, 2], "s": pa.array(["a", "b"], pa.string_view())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_batch(table.to_batches()[0].slice(0, 0))  # as a producer flushing an empty buffer sends it
+        writer.write_table(table)
+    status, answer, _ = api.post(sink.getvalue().to_pybytes(), "application/vnd.apache.arrow.stream")
+    assert status == 202 and answer["records"] == 2, answer

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakefeed.batch import event_time
-from lakefeed.batch.read import read_file
+from lakefeed.batch.read import conform, read_file
 from lakefeed.config.model import CsvFormat, EventTimeConfig, JsonFormat, ParquetFormat
 
 
@@ -154,3 +154,44 @@ def test_event_times_with_seven_fractional_digits_are_read():
     rows, bad = event_time.stamp(table, EventTimeConfig(source="column", column="at"), "", 0, PARSED[0])
     assert rows.column(event_time.EVENT_TIME).to_pylist() == PARSED
     assert [b.raw for b in bad] == ["yesterday"]
+
+
+def _dictionary(indices: list[int | None], values: pa.Array) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), values)
+
+
+def test_dictionaries_of_any_values_at_any_depth_are_conformed_to_their_values():
+    """Arrow's cast decodes only dictionaries of scalars: one of lists, structs or string views failed the file."""
+    columns = {
+        "lists": _dictionary([0, 1, None, 0], pa.array([[1, 2], None])),
+        "structs": _dictionary([1, 0, 1, 1], pa.array([{"a": "x"}, {"a": None}])),
+        "views": _dictionary([0, 0, 1, None], pa.array(["v", None], pa.string_view())),
+        "in_list": pa.ListArray.from_arrays(pa.array([0, 1, 1, 3, 3]), _dictionary([1, 0, 1], pa.array([[5], [6]]))),
+        "in_fixed": pa.FixedSizeListArray.from_arrays(_dictionary([0, 1] * 4, pa.array([{"b": 1}, {"b": 2}])), 2),
+    }
+    table = pa.table(columns)
+    for sent in (table, table.slice(1)):
+        read = conform(sent, None)
+        assert not read.bad and read.table.to_pylist() == sent.to_pylist()
+        assert not any(pa.types.is_dictionary(t) for t in read.table.schema.types)
+        assert read.table.schema.field("views").type == pa.string()
+    # Against a table's types (those of the values): the same rows.
+    target = conform(table, None).table.schema
+    assert conform(table, target).table.to_pylist() == table.to_pylist()
+
+
+def test_landed_parquet_types_delta_has_not_are_read_as_ones_it_has_and_a_lost_nanosecond_is_a_bad_row(tmp_path):
+    path = tmp_path / "odd.parquet"
+    pq.write_table(pa.table({
+        "id": [1, 2, 3],
+        "half": pa.array([1.5, 2, None], pa.float32()).cast(pa.float16()),
+        "time": pa.array([1, 2, None], pa.time64("us")),
+        "tags": pa.ListArray.from_arrays(pa.array([0, 1, 2, 3]), _dictionary([0, 1, 0], pa.array(["x", "y"]))),
+        "at": pa.array([1000, 1001, None], pa.timestamp("ns")),
+    }), path)
+    read = read_file(path, ParquetFormat(kind="parquet"), None)
+    assert [(b.field, b.reason.split(":")[0]) for b in read.bad] == [("at", "column 'at'")]  # row 2 alone
+    assert read.table.schema.field("half").type == pa.float32() and read.table.schema.field("time").type == pa.string()
+    assert read.table.to_pylist() == [
+        {"id": 1, "half": 1.5, "time": "00:00:00.000001", "tags": ["x"], "at": datetime(1970, 1, 1, 0, 0, 0, 1, UTC)},
+        {"id": 3, "half": None, "time": None, "tags": ["x"], "at": None}]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,39 +54,132 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
     """Types Delta Lake can store: UTC microsecond timestamps, signed integers, no null type, no dictionaries."""
     fields = []
     for f in schema:
-        t = decoded(f.type)
+        t = _storable(decoded(f.type))
         if pa.types.is_null(t):
             t = pa.string()
         elif pa.types.is_timestamp(t):
             t = pa.timestamp("us", tz="UTC")
         elif pa.types.is_unsigned_integer(t):
             t = pa.int64()
-        elif pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        elif pa.types.is_large_string(t):
             t = pa.string()
-        elif pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        elif pa.types.is_large_binary(t):
             t = pa.binary()
         fields.append(pa.field(f.name, t, nullable=True))
     return pa.schema(fields)
 
 
-def decoded(t: pa.DataType) -> pa.DataType:
-    """`t` with every dictionary, at any depth, replaced by its value type. A dictionary (pandas' `Categorical`, read
-    from Parquet) is only an encoding, which Delta stores as its values, but Arrow cannot sort by one (the keyed
-    reduction sorts by key) and ODF has no type for one (the changelog): decoded once, when rows are conformed."""
-    if pa.types.is_dictionary(t):
-        return decoded(t.value_type)
+def _storable(t: pa.DataType) -> pa.DataType:
+    """`t` with the types Delta has no type for, at any depth, made ones it has without losing a value: views plain,
+    half floats single, decimals of 32, 64 or (up to 38 digits) 256 bits 128, times of day text (as CDM's `time`).
+    Nested timestamps and smaller unsigned integers are left as they are: delta-rs takes them, and tables already
+    hold the types it made of them."""
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_uint64(t):  # (delta-rs casts it so, failing the batch on a value past 2^63: found now, per row)
+        return pa.int64()
+    if pa.types.is_decimal(t) and t.precision <= 38:
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_time(t):
+        return pa.string()
+    return _nested(t, _storable)
+
+
+def _nested(t: pa.DataType, child: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """A struct, map or list (a fixed-size list or list view made a plain list) with `child` of each child type;
+    any other type as it is."""
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(decoded(f.type)) for f in t])
+        return pa.struct([f.with_type(child(f.type)) for f in t])
     if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(decoded(t.key_type)), t.item_field.with_type(decoded(t.item_type)),
+        return pa.map_(t.key_field.with_type(child(t.key_type)), t.item_field.with_type(child(t.item_type)),
                        t.keys_sorted)
     if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(decoded(t.value_type)), t.list_size)
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(decoded(t.value_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(decoded(t.value_type)))
+        return pa.list_(t.value_field.with_type(child(t.value_type)), t.list_size)
+    if pa.types.is_large_list(t) or pa.types.is_large_list_view(t):
+        return pa.large_list(t.value_field.with_type(child(t.value_type)))
+    if pa.types.is_list(t) or pa.types.is_list_view(t):
+        return pa.list_(t.value_field.with_type(child(t.value_type)))
     return t
+
+
+def unstorable(t: pa.DataType) -> str | None:
+    """Why no table can take a value of this type (at any depth), and what to send instead; None when one can."""
+    if isinstance(t, pa.BaseExtensionType) and t.extension_name != "arrow.bool8":  # (bool8 casts to a boolean)
+        return f"is of the Arrow extension type {t.extension_name}: send its storage type ({t.storage_type})"
+    if pa.types.is_run_end_encoded(t):
+        return "is run-end encoded: send its values plainly"
+    if pa.types.is_union(t):
+        return f"is a union ({t}), which Delta tables have no type for: send a column (or struct field) per member"
+    if pa.types.is_duration(t) or pa.types.is_interval(t):
+        return f"is a {t}, which Delta tables have no type for: send it as an integer count of a unit the name says"
+    if pa.types.is_decimal(t) and t.precision > 38:
+        return f"is a {t}: Delta decimals hold at most 38 digits; send it as a decimal128 or as text"
+    names = [t.field(i).name for i in range(t.num_fields)] if pa.types.is_struct(t) else []
+    if pa.types.is_struct(t) and not names:
+        return "holds a struct without fields, which Parquet cannot write: leave it out or give it a field"
+    if len(set(names)) < len(names):
+        return f"holds a struct naming a field twice ({next(n for n in names if names.count(n) > 1)!r})"
+    children = [t.value_type] if pa.types.is_dictionary(t) else [t.field(i).type for i in range(t.num_fields)]
+    return next((why for child in children if (why := unstorable(child)) is not None), None)
+
+
+def decoded(t: pa.DataType) -> pa.DataType:
+    """`t` with every dictionary, at any depth, replaced by its value type, and every list view by a list. A
+    dictionary (pandas' `Categorical`, read from Parquet) is only an encoding, which Delta stores as its values, but
+    Arrow cannot sort by one (the keyed reduction sorts by key) and ODF has no type for one (the changelog): decoded
+    once, when rows are conformed."""
+    if pa.types.is_dictionary(t):
+        return decoded(t.value_type)
+    return _nested(t, decoded)
+
+
+def encoded(t: pa.DataType) -> bool:
+    """Whether `t` holds a dictionary or a list view at some depth (what `decode` undoes)."""
+    return pa.types.is_dictionary(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t) or \
+        any(encoded(t.field(i).type) for i in range(t.num_fields))
+
+
+def decode(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """`array` as the type `decoded` gives. Arrow's cast decodes only dictionaries of scalars, its `take` knows no
+    string views, and its cast of a list view to a list loses values (pyarrow 26): a dictionary is taken value by
+    value here, a list view flattened, and a list or struct holding either rebuilt around its decoded child."""
+    t = array.type
+    if not encoded(t):
+        return array
+    if isinstance(array, pa.ChunkedArray):
+        return pa.chunked_array([decode(chunk) for chunk in array.chunks], decoded(t))
+    if pa.types.is_dictionary(t):
+        values = decode(array.dictionary)
+        if pa.types.is_string_view(values.type) or pa.types.is_binary_view(values.type):
+            plain = pa.large_string() if pa.types.is_string_view(values.type) else pa.large_binary()
+            return pc.take(values.cast(plain), array.indices).cast(values.type)
+        return pc.take(values, array.indices)
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        sizes = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        large = pa.types.is_large_list_view(t)
+        offsets = pa.array(np.concatenate(([0], np.cumsum(sizes))), pa.int64() if large else pa.int32())
+        lists = pa.LargeListArray if large else pa.ListArray
+        return lists.from_arrays(offsets, decode(pc.list_flatten(array)), decoded(t), mask=mask)
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays([decode(array.field(i)) for i in range(t.num_fields)],
+                                          fields=list(decoded(t)), mask=mask)
+    if pa.types.is_map(t):
+        entries = decode(array.values)
+        return pa.MapArray.from_arrays(array.offsets, entries.field(0), entries.field(1), decoded(t), mask=mask)
+    if pa.types.is_fixed_size_list(t):
+        size = t.list_size
+        values = decode(array.values.slice(array.offset * size, len(array) * size))
+        return pa.FixedSizeListArray.from_arrays(values, type=decoded(t), mask=mask)
+    if pa.types.is_large_list(t):
+        return pa.LargeListArray.from_arrays(array.offsets, decode(array.values), decoded(t), mask=mask)
+    if pa.types.is_list(t):
+        return pa.ListArray.from_arrays(array.offsets, decode(array.values), decoded(t), mask=mask)
+    raise pa.ArrowNotImplementedError(f"a dictionary inside a {t} cannot be decoded: send its values plainly")
 
 
 _FRACTION_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}

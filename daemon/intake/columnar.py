@@ -6,7 +6,7 @@ formats declare: an Arrow message's buffers carry their uncompressed lengths (re
 message's flatbuffer, before Arrow inflates anything), a Parquet file's column chunks theirs, and
 its strings are read dictionary-encoded, in slices, so repeats cost their count, not their bytes,
 until the sizes add up. Dictionary and view columns, also inside lists, structs and maps, are then
-counted as the plain columns they become when conformed.
+counted as the plain columns they become when conformed, each index as the value it takes.
 """
 
 from __future__ import annotations
@@ -68,22 +68,58 @@ def _array_bytes(array: pa.Array) -> int:
     """The bytes of the array once dictionaries and views, at any depth, are made plain (as conforming does)."""
     t = array.type
     if pa.types.is_dictionary(t):
-        values = array.dictionary
-        if _is_bytes(values.type):
-            expanded = pc.sum(pc.take(pc.binary_length(values), array.indices)).as_py() or 0
-        else:
-            expanded = len(array) * (_array_bytes(values) // max(1, len(values)) + 1)
+        # Each index counts the bytes of the value it takes: values differ in size (one long list among empty
+        # ones), so an average over the dictionary would let a few kilobytes of indices decode to gigabytes.
+        indices = array.indices.drop_null().to_numpy(zero_copy_only=False)
+        values = _slot_bytes(array.dictionary)
+        expanded = int(values[indices].sum(dtype=np.int64))
+        if _expands(array.dictionary.type):  # decoding makes the whole dictionary plain first, used or not
+            expanded += int(values.sum(dtype=np.int64))
         return array.indices.nbytes + expanded
-    if _is_view(t) and len(array):
-        # Each view is 16 bytes starting with the value's length (Arrow has no length kernel for views).
-        views = np.frombuffer(array.buffers()[1], dtype=np.int32, count=4 * (array.offset + len(array)))
-        return array.nbytes + int(views[4 * array.offset::4].sum(dtype=np.int64))
+    if _is_view(t):
+        return array.nbytes + int(_view_lengths(array).sum(dtype=np.int64))
     if not _expands(t):
         return array.nbytes
     # A list, struct, map or union holding some: its own buffers (offsets, validity) and its children, each
     # whole (an Arrow body holds them whole).
     own = sum(b.size for b in array.buffers()[:t.num_buffers] if b is not None)
     return own + sum(_array_bytes(child) for child in _children(array))
+
+
+def _slot_bytes(array: pa.Array) -> np.ndarray:
+    """The bytes each value of the array takes once plain (int64, one per value)."""
+    t, n = array.type, len(array)
+    if pa.types.is_dictionary(t):
+        indices = pc.fill_null(array.indices, 0).to_numpy(zero_copy_only=False)
+        return _slot_bytes(array.dictionary)[indices] + t.index_type.bit_width // 8
+    if _is_view(t):
+        return _view_lengths(array).astype(np.int64) + 16
+    if _is_bytes(t):
+        return pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
+    if pa.types.is_struct(t):
+        return sum((_slot_bytes(array.field(i)) for i in range(t.num_fields)), np.ones(n, np.int64))
+    if pa.types.is_fixed_size_list(t):
+        values = array.values.slice(array.offset * t.list_size, n * t.list_size)
+        return _slot_bytes(values).reshape(n, t.list_size).sum(axis=1, dtype=np.int64) + 1
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
+        inner = np.concatenate(([0], np.cumsum(_slot_bytes(array.values), dtype=np.int64)))
+        offsets = array.offsets.to_numpy(zero_copy_only=False)
+        return inner[offsets[1:]] - inner[offsets[:-1]] + 8
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        inner = np.concatenate(([0], np.cumsum(_slot_bytes(array.values), dtype=np.int64)))
+        starts = array.offsets.to_numpy(zero_copy_only=False)
+        ends = starts + pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        return inner[ends] - inner[starts] + 16
+    if pa.types.is_primitive(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+        return np.full(n, max(1, t.bit_width // 8), np.int64)
+    return np.full(n, _array_bytes(array) // max(1, n) + 1, np.int64)  # (a union: refused once decoded)
+
+
+def _view_lengths(array: pa.Array) -> np.ndarray:
+    """Each view is 16 bytes starting with the value's length (Arrow has no length kernel for views)."""
+    views = np.frombuffer(array.buffers()[1], dtype=np.int32, count=4 * (array.offset + len(array))) \
+        if len(array) else np.zeros(0, np.int32)
+    return views[4 * array.offset::4]
 
 
 def _expands(t: pa.DataType) -> bool:

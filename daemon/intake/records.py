@@ -25,7 +25,8 @@ from lakefeed import clock
 from lakefeed.batch import event_time
 from lakefeed.batch.admit import schema_problems, utf8_problem
 from lakefeed.batch.read import BadRow, conform, from_rows
-from lakefeed.batch.schema import decoded
+from lakefeed.batch.schema import decode as plain_values
+from lakefeed.batch.schema import decoded, unstorable
 from lakefeed.config.model import EntityConfig
 from lakefeed.intake import columnar
 from lakefeed.intake.json_body import json_array, ndjson
@@ -155,7 +156,7 @@ def validate(table: pa.Table, cfg: EntityConfig, target: pa.Schema | None) -> pa
         raise Rejected(400, "the request holds no records")
     columns = [Problem(None, name, message) for name, message in schema_problems(table.schema, target, cfg.limits)]
     columns += [Problem(None, f.name, f"column {f.name!r} {why}") for f in table.schema
-                if (why := _unstorable(f.type)) is not None]
+                if (why := unstorable(f.type)) is not None]
     columns += [Problem(None, f.name, why) for f in table.schema
                 if f.name in cfg.cdc.primary_key and (why := _key_type_problem(f.type, f.name)) is not None]
     if columns:
@@ -194,9 +195,8 @@ def _key_type_problem(t: pa.DataType, key: str) -> str | None:
 
 def _key_problems(column: pa.ChunkedArray, key: str) -> list[Problem]:
     """Keys the commit cannot match rows on: nulls and NaN (not equal to itself). Keys that are no single value
-    are refused before conforming (`_key_type_problem`), which cannot decode a dictionary of lists."""
-    if pa.types.is_dictionary(column.type):  # a null may be an index or a value: the decoded column tells
-        column = column.cast(decoded(column.type))
+    are refused before conforming (`_key_type_problem`)."""
+    column = plain_values(column)  # in a dictionary a null may be an index or a value: the decoded column tells
     problems = [Problem(int(i) + 1, key, f"primary key column {key!r} is null")  # numbered as sent
                 for i in column.is_null().to_numpy(zero_copy_only=False).nonzero()[0]]
     if pa.types.is_floating(column.type):
@@ -204,22 +204,6 @@ def _key_problems(column: pa.ChunkedArray, key: str) -> list[Problem]:
         problems += [Problem(int(i) + 1, key, f"primary key column {key!r} is NaN, which equals no key")
                      for i in nan.nonzero()[0]]
     return problems
-
-
-_CAST_EXTENSIONS = frozenset({"arrow.bool8"})  # conforming makes it a boolean
-
-
-def _unstorable(t: pa.DataType) -> str | None:
-    """Why no table can take a column of this type (at any depth), or None."""
-    if isinstance(t, pa.BaseExtensionType) and t.extension_name not in _CAST_EXTENSIONS:
-        return f"is of the Arrow extension type {t.extension_name}: send its storage type ({t.storage_type})"
-    if pa.types.is_run_end_encoded(t):
-        return "is run-end encoded: send its values plainly"
-    names = [t.field(i).name for i in range(t.num_fields)] if pa.types.is_struct(t) else []
-    if len(set(names)) < len(names):
-        return f"holds a struct naming a field twice ({next(n for n in names if names.count(n) > 1)!r})"
-    children = [t.value_type] if pa.types.is_dictionary(t) else [t.field(i).type for i in range(t.num_fields)]
-    return next((why for child in children if (why := _unstorable(child)) is not None), None)
 
 
 # What Python's datetime, Spark and Delta hold: years 1 to 9999.
