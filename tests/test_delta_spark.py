@@ -222,3 +222,130 @@ def test_the_warm_up_runs_every_delta_spark_write_path_in_scratch_tables_and_rem
         writers._warm_delta(cfg, spark)
     assert [e["event"] for e in logs] == ["writer.warmed"], logs
     assert not (cfg.state_dir / "warm-up-delta-spark").exists()
+
+
+# Column names Delta refuses in a table that does not map its columns, as CSV headers and JSON keys bring them.
+ODD = ["first name", "amount (EUR)", "a,b;c{d}=e", "tab\there"]
+
+
+def mapping(path) -> tuple[str | None, int]:
+    """The table's column mapping mode and its protocol's reader version."""
+    table = DeltaTable(str(path))
+    return table.metadata().configuration.get("delta.columnMapping.mode"), table.protocol().min_reader_version
+
+
+def both(spark, path, by: str) -> list[dict]:
+    """The table's rows as delta-rs reads them, asserted the same as Spark's Delta reads them."""
+    read = rows(path, by)
+    spark_rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(str(path)).collect()]
+    assert sorted(spark_rows, key=lambda r: r[by]) == read
+    return read
+
+
+def file_columns(path) -> set[str]:
+    """The column names in the table's Parquet files: each column's own name, as in a table that maps nothing."""
+    import pyarrow.parquet as pq
+    table = DeltaTable(str(path))
+    return {n for uri in table.file_uris() for n in pq.read_schema(uri.removeprefix("file://")).names}
+
+
+def test_delta_spark_appends_and_task_files_take_names_delta_refuses_unmapped(spark, tmp_path):
+    root = tmp_path / "t"
+    sink = DeltaSparkSink(spark, root)
+    sink.append(pa.table({"id": [1], "v": ["a"]}), "q1", 0, META)
+    assert mapping(root) == (None, 1)  # only names Delta refuses turn mapping on: the protocol stays
+    second = pa.table({"id": [2], "v": ["b"], ODD[0]: ["Ann"], ODD[1]: [9.5]})
+    sink.append(second, "q1", 1, META)
+    sink.append(second, "q1", 1, META)  # a replay: Delta's idempotent write skips it
+    assert mapping(root) == ("name", 2)
+    third = pa.table({"id": [3], ODD[0]: ["Bo"], ODD[2]: ["new"], ODD[3]: [True]})
+    files = data_files.write(pafs.LocalFileSystem(), str(root), third, "part-x-b2-")
+    sink.commit_files(files, third.schema, "q1", 2, META)
+    sink.commit_files(files, third.schema, "q1", 2, META)  # a replay of the schema's commit finds the columns
+    assert both(spark, root, "id") == [
+        {"id": 1, "v": "a", ODD[0]: None, ODD[1]: None, ODD[2]: None, ODD[3]: None},
+        {"id": 2, "v": "b", ODD[0]: "Ann", ODD[1]: 9.5, ODD[2]: None, ODD[3]: None},
+        {"id": 3, "v": None, ODD[0]: "Bo", ODD[1]: None, ODD[2]: "new", ODD[3]: True}]
+    assert sink.committed_version("q1") == 2
+    assert file_columns(root) == {"id", "v", *ODD}  # what readers of the files alone (ODF, manifests) find
+    found = DeltaRsSink(root).lookup(pa.table({"id": pa.array([2, 3])}), (ODD[0],))  # files' statistics
+    assert sorted(found.to_pylist(), key=lambda r: r["id"]) == [{"id": 2, ODD[0]: "Ann"}, {"id": 3, ODD[0]: "Bo"}]
+    assert sink.max_of(ODD[1]) == 9.5
+
+
+def test_delta_spark_merges_take_names_delta_refuses_unmapped_and_read_back_their_change_data(spark, tmp_path):
+    root = tmp_path / "t"
+    sink = DeltaSparkSink(spark, root)
+    name, amount = ODD[0], ODD[1]
+    plan = MergePlan(keys=("id",), sequence=("seq",), compare=("v", name, amount), snapshot=False,
+                     insert_updates_of_absent=False)
+    sink.merge(batch([1, 2, 3], ["a", "b", "c"], ["upsert"] * 3, [5, 5, 5]), plan, "q1", 0, META)
+    assert mapping(root) == (None, 1)
+    # Columns Delta refuses unmapped, new to the table; an older change ignored, a delete, an update, an insert.
+    second = batch([1, 2, 3, 4], ["A", None, "x", "d"], ["upsert", "delete", "update", "insert"], [6, 6, 4, 6])
+    second = second.append_column(name, pa.array(["Ann", None, "Cy", "Di"])).append_column(
+        amount, pa.array([1.5, None, 9.0, 2.5]))
+    v1 = sink.merge(second, plan, "q1", 1, META)
+    assert mapping(root) == ("name", 2)
+    assert both(spark, root, "id") == [{"id": 1, "v": "A", "seq": 6, name: "Ann", amount: 1.5},
+                                       {"id": 3, "v": "c", "seq": 5, name: None, amount: None},
+                                       {"id": 4, "v": "d", "seq": 6, name: "Di", amount: 2.5}]
+    assert sorted((r["id"], r["_change_type"], r[name]) for r in sink.changes(v1).to_pylist()) == \
+        [(1, "update_postimage", "Ann"), (1, "update_preimage", None), (2, "delete", None), (4, "insert", "Di")]
+    third = batch([4], ["d"], ["upsert"], [7]).append_column(name, pa.array(["Dee"]))  # no column new
+    v2 = sink.merge(third, plan, "q1", 2, META)
+    assert sorted((r["id"], r["_change_type"], r[name], r[amount]) for r in sink.changes(v2).to_pylist()) == \
+        [(4, "update_postimage", "Dee", 2.5), (4, "update_preimage", "Di", 2.5)]
+    before = both(spark, root, "id")
+    assert sink.merge(third, plan, "q1", 2, META) == v2 + 1  # a replay changes nothing, recorded all the same
+    assert both(spark, root, "id") == before and sink.committed_version("q1") == 2
+    assert {"id", "v", "seq", name, amount} <= file_columns(root)
+
+
+def test_delta_spark_maps_nested_and_partition_columns_and_compacts_a_mapped_table(spark, tmp_path):
+    """A partition column and fields inside structs and lists with names Delta refuses unmapped; task files in
+    Hive-style folders, Spark's files, and OPTIMIZE's rewrite of both, read by delta-rs and Spark alike."""
+    root = tmp_path / "t"
+    sink = DeltaSparkSink(spark, root, partition_by=("sale day",))
+    inner = pa.struct([("x y", pa.int64())])
+    first = pa.table({"id": [1, 2], "sale day": ["2024-01-01", "2024-01-02"],
+                      "st": pa.array([{"x y": 1}, {"x y": 2}], inner)})
+    files = data_files.write(pafs.LocalFileSystem(), str(root), first, "part-x-b0-", partition_by=("sale day",))
+    sink.commit_files(files, first.schema, "q1", 0, META)
+    wider = pa.struct([("x y", pa.int64()), ("new (z)", pa.string())])  # a field new inside the struct
+    sink.append(pa.table({"id": [3], "sale day": ["2024-01-01"], "st": pa.array([{"x y": 3, "new (z)": "n"}], wider),
+                          "lst": pa.array([[{"a b": 7}]], pa.list_(pa.struct([("a b", pa.int64())])))}),
+                "q1", 1, META)
+    expect = [{"id": 1, "sale day": "2024-01-01", "st": {"x y": 1, "new (z)": None}, "lst": None},
+              {"id": 2, "sale day": "2024-01-02", "st": {"x y": 2, "new (z)": None}, "lst": None},
+              {"id": 3, "sale day": "2024-01-01", "st": {"x y": 3, "new (z)": "n"}, "lst": [{"a b": 7}]}]
+    assert mapping(root) == ("name", 2) and both(spark, root, "id") == expect
+    assert sink.compact(1 << 20) == (2, 1)  # the two files of 2024-01-01 made one
+    assert both(spark, root, "id") == expect and sink.committed_version("q1") == 1
+
+
+def test_task_files_are_not_committed_to_a_table_another_writer_mapped_to_other_physical_names(spark, tmp_path):
+    """Delta's own ADD COLUMNS names a column `col-<uuid>` in a mapped table's files: task files, which name it as
+    the data does, would read as nulls there."""
+    from lakefeed.errors import TerminalError
+
+    root = tmp_path / "t"
+    sink = DeltaSparkSink(spark, root)
+    sink.append(pa.table({"id": [1], ODD[0]: ["a"]}), "q1", 0, META)
+    spark.sql(f"ALTER TABLE delta.`{root}` ADD COLUMNS (other string)")
+    data = pa.table({"id": [2], "other": ["b"]})
+    with pytest.raises(TerminalError, match=r"\['other'\] are stored under other physical names.*new table"):
+        sink.commit_files(data_files.write(pafs.LocalFileSystem(), str(root), data, "part-x-b1-"), data.schema,
+                          "q1", 1, META)
+    assert sink.committed_version("q1") == 0
+
+
+def test_delta_spark_refuses_a_backtick_in_a_merge_with_change_data_saying_what_to_do(spark, tmp_path):
+    """Delta's MERGE into a table with change data quotes column names without escaping a backtick; lakefeed's
+    MERGEs into keyed tables always have change data on."""
+    sink = DeltaSparkSink(spark, tmp_path / "t")
+    plan = MergePlan(keys=("id",), sequence=(), compare=("back`tick",), snapshot=False, insert_updates_of_absent=False)
+    data = pa.table({"id": [1], "back`tick": ["a"], KIND: ["upsert"]})
+    with pytest.raises(ValueError, match=r"backtick.*`writer: delta-rs`.*rename the column"):
+        sink.merge(data, plan, "q1", 0, META)
+    assert sink.version() is None  # refused before anything was written

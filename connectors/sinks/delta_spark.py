@@ -8,6 +8,11 @@ one writer wrote is continued by the other.
 
 delta-spark cannot put keys of lakefeed's own at the top of a commit's `commitInfo`, as delta-rs does: it
 records them as the commit's `userMetadata`, a JSON object (`delta_log.commit_metadata` reads both).
+
+A column name Delta refuses in a table that maps nothing (a space, `,;{}()=`: a CSV header's `first name`) makes
+the table map its columns, each to its own name (column_mapping.py); delta-rs reads no change data of such a table,
+so Spark reads it. A backtick in a column name is refused before a MERGE into a table with change data, mapped or
+not: Delta's MERGE fails on it there.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakefeed.batch.cdc import KIND, MergePlan
 from lakefeed.batch.schema import delta_compatible
-from lakefeed.connectors.sinks import delta_rs
+from lakefeed.connectors.sinks import column_mapping, delta_rs
+from lakefeed.connectors.sinks.column_mapping import MAX_ID, MODE
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
 from lakefeed.connectors.sinks.merge_sql import (
@@ -38,6 +44,7 @@ from lakefeed.connectors.sinks.merge_sql import (
     newer_clause,
     within,
 )
+from lakefeed.errors import TerminalError
 
 _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -122,17 +129,24 @@ class DeltaSparkSink(DeltaRsSink):
         if data.num_rows == 0:  # a commit of the transaction alone: Spark would write an empty file no log holds
             self.commit_files([], data.schema, app_id, version, metadata)
             return
+        self._map_columns(self._load(), data.schema)
         self._write(self._frame(data), app_id, version, metadata)
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
                      metadata: dict[str, str]) -> None:
-        current = self.schema()
+        table = self._load()
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
-        if current is None:  # the table is made by this commit (its folder already holds the tasks' files)
-            actions.append(self._new_table(schema, {}))
-        elif any(f.name not in current.names for f in delta_compatible(schema)):
-            self._add_columns(schema, current)  # in a commit of its own first: a replay finds them there
+        mapping = self._mapping(table, schema, {})
+        if table is None:  # the table is made by this commit (its folder already holds the tasks' files)
+            actions.append(mapping or self._new_table(schema, {}))
+        else:
+            self._check_physical_names(table)
+            current = pa.schema(table.schema().to_arrow())
+            if mapping is not None:  # in a commit of its own first: a replay finds the columns there
+                self._commit([mapping], {})
+            elif any(f.name not in current.names for f in delta_compatible(schema)):
+                self._add_columns(schema, current)  # so too
         actions += [{"add": {"path": quote(f.path), "partitionValues": f.partition_values, "size": f.size,
                              "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats}}
                     for f in files]
@@ -153,14 +167,17 @@ class DeltaSparkSink(DeltaRsSink):
         from delta.tables import DeltaTable  # delta-spark's Python API: imported where the jar is in use
 
         columns = [c for c in source.column_names if c != KIND]
-        frame = self._frame(source)
         table = self._load()
+        _check_merged_names([*columns, *(pa.schema(table.schema().to_arrow()).names if table is not None else [])])
+        frame = self._frame(source)
         if table is None:
             self._create(source.select(columns).schema, cdf=True)
-            table = self._load()
-        elif table.metadata().configuration.get(delta_rs.CDF) != "true":
-            self._spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({delta_rs.CDF} = true)")
-            table = self._load()
+        else:
+            if table.metadata().configuration.get(delta_rs.CDF) != "true":
+                self._spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({delta_rs.CDF} = true)")
+                table = self._load()
+            self._map_columns(table, source.select(columns).schema)
+        table = self._load()
         assert table is not None
         before, current = table.version(), pa.schema(table.schema().to_arrow())
         existing = set(current.names)
@@ -187,14 +204,28 @@ class DeltaSparkSink(DeltaRsSink):
         source = delta_rs.history_source(edits)
         columns = [c for c in source.column_names if c not in ("__h", "__at")]
         frame = self._frame(source)
-        if self.schema() is None:
+        table = self._load()
+        if table is None:
             self._create(source.select(columns).schema, cdf=False)
+        else:
+            self._map_columns(table, source.select(columns).schema)
         merger = (DeltaTable.forPath(self._spark, self._path).alias("t")
                   .merge(frame.alias("s"), history_match(keys, SPARK)).withSchemaEvolution()
                   .whenMatchedUpdate(set=history_close(SPARK))
                   .whenNotMatchedInsert(history_open(SPARK), SPARK.assign(columns)))
         with self._transaction(app_id, version, {}):
             merger.execute()
+
+    def changes(self, table_version: int) -> pa.Table:
+        """delta-rs 1.6 reads no change data of a table that maps its columns ("Column mapping is not supported for
+        read operation 'CHANGE DATA FEED scans'"): Delta reads it then, in the same columns and types."""
+        table = self._load()
+        if table is None or table.metadata().configuration.get(MODE, "none") == "none":
+            return super().changes(table_version)
+        read = (self._spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", table_version).option("endingVersion", table_version))
+        changes = read.load(self._path).toArrow()
+        return changes.cast(delta_compatible(changes.schema))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -236,7 +267,44 @@ class DeltaSparkSink(DeltaRsSink):
         committed. Delta's CREATE TABLE is not used: a folder holding a `_delta_log/` without a commit, as a
         creation cut short by a crash leaves it, is a table to it, which it then fails to find
         (DELTA_TABLE_NOT_FOUND), so the table could never be made; a transaction's first commit makes it."""
-        self._commit([self._new_table(schema, {delta_rs.CDF: "true"} if cdf else {})], {})
+        configuration = {delta_rs.CDF: "true"} if cdf else {}
+        self._commit([self._mapping(None, schema, configuration) or self._new_table(schema, configuration)], {})
+
+    def _map_columns(self, table: Any, schema: pa.Schema) -> None:
+        """The columns of `schema` that `table` lacks, mapped, in a commit of their own when the table maps its
+        columns or must (`_mapping`); else Delta's own schema evolution adds them with the write."""
+        if (action := self._mapping(table, schema, {})) is not None:
+            self._commit([action], {})
+
+    def _mapping(self, table: Any, schema: pa.Schema, configuration: dict[str, str]) -> dict[str, Any] | None:
+        """The `metaData` action that gives `table` (the delta-rs table; None: made with `configuration`) the
+        columns of `schema` it lacks, each mapped to its own name (column_mapping.py), when the table maps its
+        columns or one of them is a name Delta refuses unmapped. None otherwise: nothing to add, or a table that
+        maps nothing, which Delta's own schema evolution serves."""
+        mapped = table is not None and table.metadata().configuration.get(MODE, "none") != "none"
+        have = column_mapping.paths(pa.schema(table.schema().to_arrow())) if table is not None else set()
+        new = column_mapping.paths(schema) - have
+        if not (new if mapped else any(column_mapping.refused(path[-1]) for path in new)):
+            return None  # the usual case, told without Spark
+        if table is None:
+            action, current = self._new_table(schema, configuration), []
+        else:
+            action = json.loads(self._log().startTransaction().metadata().json())  # its latest
+            current = json.loads(action["metaData"]["schemaString"])["fields"]
+        meta = action["metaData"]
+        incoming = json.loads(self._frame(schema.empty_table()).schema.json())["fields"]
+        fields, top = column_mapping.evolve(current, incoming, int(meta["configuration"].get(MAX_ID, 0)))
+        meta["schemaString"] = json.dumps({"type": "struct", "fields": fields})
+        meta["configuration"] = {**meta["configuration"], MODE: "name", MAX_ID: str(top)}
+        return action
+
+    def _check_physical_names(self, table: Any) -> None:
+        """Task-written files name their columns as the data does: in a table whose columns another Delta writer
+        mapped to other physical names (`col-<uuid>`), their values would read as nulls."""
+        if renamed := column_mapping.renamed(json.loads(table.schema().to_json())["fields"]):
+            raise TerminalError(f"table {self.uri}: columns {renamed} are stored under other physical names, given "
+                                "by a Delta writer other than lakefeed's; lakefeed's files name each column as the "
+                                "data does, so it cannot add files to this table: write the entity to a new table")
 
     def _new_table(self, schema: pa.Schema, configuration: dict[str, str]) -> dict[str, Any]:
         """The `metaData` action that makes the table (Delta adds the protocol its configuration needs)."""
@@ -250,8 +318,7 @@ class DeltaSparkSink(DeltaRsSink):
         jvm = self._spark.sparkContext._jvm
         assert jvm is not None
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(self._spark._jsparkSession)
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
-        txn = log.startTransaction()
+        txn = self._log().startTransaction()
         parse = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
         seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(
             jvm.java.util.ArrayList([parse(json.dumps(a)) for a in actions])).toSeq()
@@ -262,6 +329,12 @@ class DeltaSparkSink(DeltaRsSink):
             txn.commit(seq, manual)
         finally:
             self._spark.conf.unset(_USER_METADATA)
+
+    def _log(self) -> Any:
+        """Delta's log of the table (`DeltaLog`, in the JVM)."""
+        jvm = self._spark.sparkContext._jvm
+        assert jvm is not None
+        return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._spark._jsparkSession, self._path)
 
     def _add_columns(self, schema: pa.Schema, current: pa.Schema) -> None:
         fields = self._frame(schema.empty_table()).schema.fields
@@ -285,6 +358,15 @@ class DeltaSparkSink(DeltaRsSink):
         if metadata:
             confs[_USER_METADATA] = json.dumps(metadata)
         return _SessionConf(self._spark, confs)
+
+
+def _check_merged_names(names: list[str]) -> None:
+    """Delta 4.4's MERGE into a table with change data quotes each column name in backticks without doubling one
+    inside (MergeOutputGeneration: INVALID_ATTRIBUTE_NAME_SYNTAX), whether the table maps its columns or not."""
+    if ticked := [n for n in dict.fromkeys(names) if "`" in n]:
+        raise ValueError(f"columns {ticked}: delta-spark's MERGE cannot write a column name holding a backtick (`) "
+                         "into a table with change data feed (a Delta bug); write this entity with "
+                         "`writer: delta-rs`, which takes any name, or rename the column at its source")
 
 
 class _SessionConf:
