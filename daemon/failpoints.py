@@ -5,13 +5,16 @@ check is one dictionary lookup.
 `LAKEFEED_FAILPOINT=hang:<name>` makes the batch hang there instead (a stuck query, for the
 watchdog tests). `LAKEFEED_FAILPOINT=executor:<name>` in a Spark task SIGKILLs the executor the task runs in
 (its JVM), once: the first task to get there creates the file `LAKEFEED_FAILPOINT_ONCE` names, later ones go on.
+`LAKEFEED_FAILPOINT=poison:<name>:<text>` SIGKILLs the process each time it reaches that point for a unit whose
+name holds <text>: an input a reader crashes on, as a C library may (daemon/pipeline/poison.py).
 
 Points: `batch.discovered` (files matched and read, nothing committed), `commit.quarantine`,
 `commit.table` (state committed, changelog not), `commit.changelog_written` (a keyed batch's changelog file
 written, not committed), `commit.changelog` (both committed, manifest not written), `manifest.written`,
 `odf.block_written` (a slice's block written, `refs/head` not moved), `compaction.committed` (a table compacted
 after a batch, its manifests not written); in tasks (daemon/pipeline/tasks.py):
-`task.written` (a write task's files written, not yet returned); in the daemon's main loop
+`task.written` (a write task's files written, not yet returned), `stage.file` (a landed file about to be read, by its
+path), `stage.frame` (push frames about to be decoded, by their Idempotency-Key); in the daemon's main loop
 (daemon/ops/supervisor.py), hang only: `supervisor.tick` (each turn of the loop, once the daemon is ready).
 """
 
@@ -27,7 +30,11 @@ _log = log.get(__name__)
 _ARMED = os.environ.get("LAKEFEED_FAILPOINT")
 
 
-def reached(name: str) -> None:
+def reached(name: str, unit: str = "") -> None:
+    if _ARMED is None:
+        return
+    if _ARMED.startswith(f"poison:{name}:") and _ARMED.split(":", 2)[2] in unit:
+        os.kill(os.getpid(), signal.SIGKILL)
     if _ARMED == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if _ARMED == f"hang:{name}":

@@ -7,14 +7,17 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from structlog.testing import capture_logs
 
 from lakefeed import clock
 from lakefeed.config import model as config
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
 from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.pipeline.commit import LOGGED_ROWS
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import entity_yaml, land, write_config
@@ -67,6 +70,21 @@ def test_batch_appends_table_and_odf_changelog_and_quarantines_bad_rows(setup):
     d = land(root / "sales/2024/02/d.csv", "id,amount\n5,1\n6,2\n")
     pipeline.process(_batch(inbox, d), 1)
     assert rows(cfg.changelog).sort_by("offset")["offset"].to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_a_batch_logs_its_first_quarantined_rows_and_counts_the_rest_by_file(setup):
+    """A hostile file of a million bad rows wrote a million log lines; all of them are in the quarantine table."""
+    cfg, pipeline, inbox = setup
+    root = cfg.source.path
+    pipeline.process(_batch(inbox, land(root / "sales/a.csv", "id,amount\n1,1.5\n")), 0)
+    many = land(root / "sales/many.csv", "id,amount\n" + "".join(f"{i},x{i}\n" for i in range(500)))
+    few = land(root / "sales/few.csv", "id,amount\n1,y\n2,2.5\n")
+    with capture_logs() as logs:
+        result = pipeline.process(_batch(inbox, many, few), 1)
+    assert result.quarantined == 501 and rows(cfg.quarantine).num_rows == 501
+    assert len([e for e in logs if e["event"] == "row.quarantined"]) == LOGGED_ROWS
+    [summary] = [e for e in logs if e["event"] == "rows.quarantined"]
+    assert summary["rows"] == 501 and summary["files"] == {"sales/many.csv": 500, "sales/few.csv": 1}
 
 
 def test_a_data_column_named_like_a_partition_argument_sends_the_file_to_quarantine(setup):
@@ -361,3 +379,23 @@ def test_a_file_of_a_sibling_entity_is_not_unmatched_but_a_file_of_nobody_is(tmp
         result = pipeline.process(_batch(inbox, theirs, nobodys), 0)
     unmatched = [e["relative"] for e in logs if e["event"] == "file.unmatched"]
     assert unmatched == ["misc/x.csv"] and result.unmatched == 2
+
+
+def test_nested_unsigned_integers_are_stored_as_64_bit_ones_and_the_table_stays_readable(tmp_path):
+    """A nested uint8 was kept as it was: Delta's log said `byte`, the Parquet file held 200, and no reader could read
+    the table any more ("Integer value 200 not in range: 0 to 127")."""
+    entity = entity_yaml(format={"kind": "parquet"},
+                         patterns=[{"name": "flat", "root_location": "sales", "glob_pattern": "/*.parquet"}])
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    kinds = pa.struct([("u8", pa.uint8()), ("u16", pa.uint16()), ("u32", pa.uint32())])
+    path = cfg.source.path / "sales" / "a.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": [1], "s": pa.array([{"u8": 255, "u16": 65535, "u32": 2**32 - 1}], kinds),
+                             "l": pa.array([[200]], pa.list_(pa.uint8()))}), path)
+    result = pipeline.process(_batch(inbox, path), 0)
+    assert (result.rows, result.quarantined) == (1, 0)
+    table = rows(cfg.table)
+    assert table.schema.field("s").type == pa.struct([(n, pa.int64()) for n in ("u8", "u16", "u32")])
+    assert table.select(["id", "s", "l"]).to_pylist() == [
+        {"id": 1, "s": {"u8": 255, "u16": 65535, "u32": 2**32 - 1}, "l": [200]}]
+    assert rows(cfg.changelog).column("s").to_pylist() == [{"u8": 255, "u16": 65535, "u32": 2**32 - 1}]

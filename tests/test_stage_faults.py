@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from deltalake import DeltaTable
 
-from lakefeed.batch import file_rows, frames
+from lakefeed.batch import cdc, file_rows, frames
 from lakefeed.config import model as config
 from lakefeed.connectors.sinks import data_files
 from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
 from lakefeed.inbox.spool import Pending, Spool, SpoolReader, encode
 from lakefeed.intake.push_api import token_hash
-from lakefeed.pipeline import tasks
+from lakefeed.pipeline import tasks, unstaged
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
 from lakefeed.pipeline.verdict import store_fault
@@ -174,21 +175,132 @@ def _messages(*values: bytes | None) -> pa.Table:
                      "timestampType": pa.array([0] * n, pa.int32())})
 
 
-def test_a_kafka_part_that_fails_to_stage_is_quarantined_message_by_message(tmp_path, monkeypatch):
-    entity = {"name": "events", "kafka": [{"name": "k", "bootstrap_servers": "127.0.0.1:9", "topics": ["t"]}]}
-    cfg = config.load(write_config(tmp_path, [entity])).entities[0]
-    pipeline = _pipeline(cfg, "k")
-    monkeypatch.setattr(tasks, "conform", _failing_for(tasks.conform, "666", pa.ArrowInvalid("cannot hold 666")))
-    result = pipeline.process_messages("k", tasks.Here(_messages(b'{"id": 1}', None, b'{"id": 666}')), 0)
-    assert (result.rows, result.quarantined) == (0, 2)
-    parked = sorted(_rows(cfg.quarantine), key=lambda p: p["line"])
-    assert [(p["source_file"], p["line"], p["raw"]) for p in parked] == [
-        ("kafka/t/0", 0, '{"id": 1}'), ("kafka/t/0", 2, '{"id": 666}')]  # the tombstone (offset 1) has no value
-    assert all("could not be staged (ArrowInvalid: cannot hold 666)" in p["reason"] for p in parked)
-    monkeypatch.undo()
-    pipeline.process_messages("k", tasks.Here(_messages(b'{"id": 7}')), 1)
-    assert [r["id"] for r in _rows(cfg.table)] == [7]
+def _counted(original, calls: list):
+    def work(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+    return work
 
+
+def test_a_run_of_one_frame_that_fails_to_stage_is_staged_once(pushed, monkeypatch):
+    cfg, pipeline, spool = pushed
+    _push(spool, pa.table({"id": [666, 667]}))
+    monkeypatch.setattr(frames, "_group", _failing_for(frames._group, "666", pa.ArrowInvalid("cannot hold 666")))
+    calls: list = []
+    monkeypatch.setattr(frames, "rows_of", _counted(frames.rows_of, calls))
+    _ingest(cfg, pipeline, 0, 0)
+    assert len(calls) == 1
+    assert sorted(json.loads(p["raw"])["id"] for p in _rows(cfg.quarantine)) == ["666", "667"]
+
+
+def _kafka(tmp_path, **entity) -> config.EntityConfig:
+    kafka = [{"name": "k", "bootstrap_servers": "127.0.0.1:9", "topics": ["t"]}]
+    return config.load(write_config(tmp_path, [{"name": "events", "kafka": kafka, **entity}])).entities[0]
+
+
+def _part(n: int, poison: int, tombstone: int) -> pa.Table:
+    """`n` messages, one `{"id": 666}` at `poison`, a tombstone at `tombstone`, the others `{"id": <offset>}`."""
+    return _messages(*(b'{"id": 666}' if i == poison else None if i == tombstone else b'{"id": %d}' % i
+                       for i in range(n)))
+
+
+def test_only_the_kafka_message_at_fault_is_quarantined_and_the_rest_of_its_part_commits(tmp_path, monkeypatch):
+    cfg = _kafka(tmp_path)
+    pipeline = _pipeline(cfg, "k")
+    calls: list = []
+    failing = _failing_for(tasks.conform, "666", pa.ArrowInvalid("cannot hold 666"))
+    monkeypatch.setattr(tasks, "conform", _counted(failing, calls))
+    result = pipeline.process_messages("k", tasks.Here(_part(64, 37, 5)), 0)
+    good = [i for i in range(64) if i not in (5, 37)]
+    assert (result.files, result.rows, result.quarantined) == (64, 62, 1)
+    assert [(r["id"], r["kafka_offset"]) for r in _rows(cfg.table)] == [(i, i) for i in good]
+    assert [r["source_file"] for r in _rows(cfg.changelog)] == [f"kafka/t/0/{i}" for i in good]
+    [parked] = _rows(cfg.quarantine)
+    assert (parked["source_file"], parked["line"], parked["raw"]) == ("kafka/t/0", 37, '{"id": 666}')
+    assert "could not be staged (ArrowInvalid: cannot hold 666); the message was not applied" in parked["reason"]
+    assert len(calls) <= 2 + 2 * 6  # halving: the part, two pieces a level (64 = 2**6), the part without it
+    monkeypatch.undo()
+    pipeline.process_messages("k", tasks.Here(_messages(b'{"id": 100}')), 1)
+    assert sorted(r["id"] for r in _rows(cfg.table)) == [*good, 100]
+
+
+def test_a_kafka_part_of_one_message_at_fault_is_decoded_once(tmp_path, monkeypatch):
+    cfg = _kafka(tmp_path)
+    calls: list = []
+    monkeypatch.setattr(tasks, "conform", _counted(_failing_for(tasks.conform, "666", pa.ArrowInvalid("no")), calls))
+    result = _pipeline(cfg, "k").process_messages("k", tasks.Here(_messages(b'{"id": 666}')), 0)
+    assert (result.rows, result.quarantined, len(calls)) == (0, 1, 1)
+
+
+def test_a_part_with_too_many_messages_at_fault_to_try_each_quarantines_the_pieces_they_are_in(tmp_path,
+                                                                                                monkeypatch):
+    cfg = _kafka(tmp_path)
+    pipeline = _pipeline(cfg, "k")
+    monkeypatch.setattr(unstaged, "_TRIES", 6)  # two rounds: halves, then quarters
+    monkeypatch.setattr(tasks, "conform", _failing_for(tasks.conform, "666", pa.ArrowInvalid("cannot hold 666")))
+    values = [b'{"id": 666}' if i in (2, 13) else b'{"id": %d}' % i for i in range(16)]
+    result = pipeline.process_messages("k", tasks.Here(_messages(*values)), 0)
+    assert (result.rows, result.quarantined) == (8, 8)
+    assert [r["kafka_offset"] for r in _rows(cfg.table)] == list(range(4, 12))
+    parked = sorted(_rows(cfg.quarantine), key=lambda p: p["line"])
+    assert [p["line"] for p in parked] == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert all(p["reason"].endswith("the message was not applied, nor the 3 beside it: too many messages of its "
+                                    "part failed for each to be tried alone") for p in parked)
+
+
+def _staged_rows(cfg: config.EntityConfig, staged: tasks.Staged) -> list[pa.Table | None]:
+    return [tasks.read_staged(cfg, path) if path else None for path in staged.buckets]
+
+
+@pytest.mark.parametrize("target", [None, pa.schema([("id", pa.int64()), ("v", pa.string())])])
+def test_a_keyed_part_staged_without_its_message_at_fault_is_a_clean_part_without_it(tmp_path, monkeypatch, target):
+    """The same rows, types, order and tags (numbered within the part, for the reduction to order the batch) as
+    the part staged as if the message at fault had never been sent."""
+    cfg = _kafka(tmp_path, cdc={"strategy": "upsert", "primary_key": ["id"]})
+    values = [b'{"id": %d, "v": "%s"}' % (i % 7, b"x" * i) for i in range(50)]
+    values[21], values[8] = b'{"id": 666, "v": "bad"}', None
+    batch = _messages(*values)
+    checked_at = datetime.now(UTC)
+
+    def staged(rows: pa.Table, where: str) -> tasks.StagedMessages:
+        return tasks.stage_messages(tasks.MessagesJob(cfg, "k", target, checked_at, None, str(tmp_path / where), 3),
+                                    rows, 2)
+
+    clean = staged(batch.filter(pa.array([i != 21 for i in range(50)])), "clean")
+    monkeypatch.setattr(tasks, "conform", _failing_for(tasks.conform, "666", pa.ArrowInvalid("cannot hold 666")))
+    faulty = staged(batch, "faulty")
+    assert (faulty.messages, faulty.tombstones, faulty.ends) == (50, 1, {"t": {"0": 50}})
+    assert faulty.staged.rows == clean.staged.rows == 48 and faulty.staged.schema == clean.staged.schema
+    assert _staged_rows(cfg, faulty.staged) == _staged_rows(cfg, clean.staged)
+    assert [(where, row.line) for where, row in faulty.staged.bad] == [("kafka/t/0", 21)]
+    tags = pa.concat_tables(t for t in _staged_rows(cfg, faulty.staged) if t is not None).column(cdc.ORDER)
+    assert sorted(tags.to_pylist()) == list(range(48))
+
+
+def _data_fault_then(fault: Exception):
+    """`conform`, which raises a data fault for rows holding 666, and `fault` for that row alone."""
+    original = tasks.conform
+
+    def work(table, *args, **kwargs):
+        if "666" in str(table.to_pylist()):
+            raise fault if table.num_rows == 1 else pa.ArrowInvalid("cannot hold 666")
+        return original(table, *args, **kwargs)
+    return work
+
+
+@pytest.mark.parametrize("fault", [AttributeError("'NoneType' object has no attribute 'x'"),
+                                   EndpointConnectionError(endpoint_url="http://127.0.0.1:9")])
+@pytest.mark.parametrize("halving", [False, True])
+def test_a_bug_or_a_store_fault_in_a_kafka_part_fails_the_batch_and_parks_nothing(tmp_path, monkeypatch, fault,
+                                                                                   halving):
+    """From the start, or met while the part is halved to find the messages at fault."""
+    cfg = _kafka(tmp_path)
+    pipeline = _pipeline(cfg, "k")
+    work = _data_fault_then(fault) if halving else _failing_for(tasks.conform, "666", fault)
+    monkeypatch.setattr(tasks, "conform", work)
+    with pytest.raises(type(fault)):
+        pipeline.process_messages("k", tasks.Here(_part(16, 11, 3)), 0)
+    assert _rows(cfg.quarantine) == [] and _rows(cfg.table) == []
 
 
 def test_a_damaged_inbox_line_is_passed_over_and_the_files_around_it_commit(files):

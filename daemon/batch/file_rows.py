@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakefeed import failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.derived import derives, read_derived
 from lakefeed.batch.discovery import Partition, argument_clash
@@ -33,6 +34,7 @@ def read_file(cfg: EntityConfig, store: Storage, rec: InboxRecord, partition: Pa
     or None when the file is not there to read (or has a newer version, with its own inbox record)."""
     if rec.problem:  # the source saw it cannot be taken (a link, a FIFO, a name that is not UTF-8…)
         return partition.location, None, [BadRow(None, rec.problem, "")]
+    failpoints.reached("stage.file", rec.path)
     local = not storage.is_s3(rec.path)
     path = Path(rec.path) if local else cfg.state / "staging" / staged_name(rec.offset, rec.path)
     file_target = file_schema(target, partition.arguments)

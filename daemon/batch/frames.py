@@ -17,7 +17,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from lakefeed import clock
+from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
 from lakefeed.batch.read import BadRow, conform
 from lakefeed.config.model import EntityConfig
@@ -29,6 +29,8 @@ def rows_of(cfg: EntityConfig, stream: str, entries: Sequence[Entry], target: pa
             checked_at: datetime) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """The frames' rows with `source_file` (`push/<stream>/<offset>`), CDC tags and event time; bad rows."""
     folder = cfg.spool(stream)
+    for entry in entries:
+        failpoints.reached("stage.frame", entry.key or "")
     tables = [spool.read_entry(folder, e) for e in entries]
     if target is None and tables:  # no table yet: the first frame's types are the ones the others must fit
         first = conform(tables[0], None).table

@@ -71,16 +71,18 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
 
 def _storable(t: pa.DataType) -> pa.DataType:
     """`t` with the types Delta has no type for, at any depth, made ones it has without losing a value: views plain,
-    half floats single, decimals of 32, 64 or (up to 38 digits) 256 bits 128, times of day text (as CDM's `time`).
-    Nested timestamps and smaller unsigned integers are left as they are: delta-rs takes them, and tables already
-    hold the types it made of them."""
+    half floats single, decimals of 32, 64 or (up to 38 digits) 256 bits 128, times of day text (as CDM's `time`),
+    unsigned integers signed 64-bit ones (past 2^63 a row's failure, found when cast). A nested uint8 left as it was
+    became Delta's `byte` in the log while the Parquet file held 200: no reader could read the table any more. A
+    table made before with such a type keeps it: rows whose values it cannot hold are quarantined. Nested
+    timestamps are left as they are: delta-rs takes them, and tables already hold the types it made of them."""
     if pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_binary_view(t):
         return pa.binary()
     if pa.types.is_float16(t):
         return pa.float32()
-    if pa.types.is_uint64(t):  # (delta-rs casts it so, failing the batch on a value past 2^63: found now, per row)
+    if pa.types.is_unsigned_integer(t):
         return pa.int64()
     if pa.types.is_decimal(t) and t.precision <= 38:
         return pa.decimal128(t.precision, t.scale)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +41,9 @@ from lakefeed.pipeline.tasks import Spread, Staged
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
 SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is (of each scope)
+# Quarantined rows logged one by one, a batch; the rest are counted by file (`rows.quarantined`): a hostile file of a
+# million bad rows wrote a million log lines, which took 28 of the 50 s of a batch of 300k.
+LOGGED_ROWS = 20
 
 
 @dataclass
@@ -116,7 +120,7 @@ class Committer:
 
     def commit_reduced(self, done: keyed.Reduction, bad: list[tuple[str, BadRow]], result: BatchResult,
                        checked_at: datetime, log_: Any, snapshot: cdc.Snapshot | None,
-                       watermark: datetime | None) -> None:
+                       watermark: datetime | None, staged: Sequence[Staged] = ()) -> None:
         """Commit a keyed batch reduced to one change per key (`bad`: the rows its stage tasks set apart);
         `snapshot`: the state its files make, for snapshot entities; `watermark`: as it stood before the batch."""
         batch_id = result.batch_id
@@ -138,8 +142,7 @@ class Committer:
         if reduced is not None:
             reduced, absent = self._settled(reduced, batch_id)
             bad = [*bad, *absent]
-        self._quarantine(bad, batch_id, meta, checked_at, log_)
-        result.quarantined = len(bad)
+        result.quarantined = self._quarantine(bad, batch_id, meta, checked_at, log_, staged)
         result.rows = done.kept
         if done.rows is None and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)
@@ -151,7 +154,7 @@ class Committer:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
-                  quarantined=len(bad), unmatched=result.unmatched, late=result.late,
+                  quarantined=result.quarantined, unmatched=result.unmatched, late=result.late,
                   deletes_of_absent=result.deletes_of_absent, stale=result.stale, workers=result.workers or None,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
@@ -159,13 +162,19 @@ class Committer:
         return {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
 
     def _quarantine(self, bad: list[tuple[str, BadRow]], batch_id: int, meta: dict[str, str], checked_at: datetime,
-                    log_: Any) -> None:
-        if bad and not self.done(self.sinks.quarantine, batch_id):
-            self.sinks.quarantine.append(quarantine_table(self.cfg.name, bad, batch_id, checked_at),
-                                         self.app_id, batch_id, meta)
-            for path, row in bad:
-                log_.warning("row.quarantined", file=path, line=row.line, reason=row.reason)
+                    log_: Any, staged: Sequence[Staged] = ()) -> int:
+        """The batch's bad rows (`bad`, and those `staged` spilled) put in quarantine, once; how many they are."""
+        spilled = [tasks.read_staged(self.cfg, s.spilled) for s in staged if s.spilled]
+        rows = quarantine_table(self.cfg.name, bad, batch_id, checked_at, spilled)
+        if rows.num_rows and not self.done(self.sinks.quarantine, batch_id):
+            self.sinks.quarantine.append(rows, self.app_id, batch_id, meta)
+            for row in rows.slice(0, LOGGED_ROWS).select(["source_file", "line", "reason"]).to_pylist():
+                log_.warning("row.quarantined", file=row["source_file"], line=row["line"], reason=row["reason"])
+            if rows.num_rows > LOGGED_ROWS:
+                log_.warning("rows.quarantined", rows=rows.num_rows, logged=LOGGED_ROWS,
+                             files=dict(Counter(rows.column("source_file").to_pylist()).most_common(LOGGED_ROWS)))
             failpoints.reached("commit.quarantine")
+        return rows.num_rows
 
     def _metas(self, meta: dict[str, str], result: BatchResult, checked_at: datetime,
                watermark: datetime | None) -> tuple[dict[str, str], dict[str, str]]:
@@ -195,14 +204,13 @@ class Committer:
         them, each table once."""
         batch_id = result.batch_id
         meta = self._meta(batch_id)
-        bad = [b for s in staged for b in s.bad]
         watermark = self.watermark_before(batch_id)
         latest = max((s.latest for s in staged if s.latest is not None), default=None)
         new_watermark = event_time.advance_to(watermark, latest, self.cfg.event_time)
         result.watermark = new_watermark
         result.late = sum(s.late for s in staged)
-        self._quarantine(bad, batch_id, meta, checked_at, log_)
-        result.quarantined = len(bad)
+        result.quarantined = self._quarantine([b for s in staged for b in s.bad], batch_id, meta, checked_at, log_,
+                                              staged)
         result.rows = sum(s.rows for s in staged)
         if not result.rows and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)
@@ -215,7 +223,7 @@ class Committer:
             self._offsets.next = None  # unknown whether the changelog committed: re-read it next time
             raise
         log_.info("batch.committed", files=result.files, rows=result.rows, changes=result.changes,
-                  quarantined=len(bad), unmatched=result.unmatched, late=result.late, workers=workers,
+                  quarantined=result.quarantined, unmatched=result.unmatched, late=result.late, workers=workers,
                   watermark=clock.to_cdm(new_watermark) if new_watermark else None)
 
     def _write_staged(self, spread: Spread, staged: list[Staged], batch_id: int, table_meta: dict[str, str],

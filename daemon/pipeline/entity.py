@@ -29,7 +29,7 @@ from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, declared_schema, ensure_entity, partition_record, schema_document
 from lakefeed.odf.chain import OdfChain
-from lakefeed.pipeline import keyed, snapshots, tasks
+from lakefeed.pipeline import keyed, poison, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
 from lakefeed.pipeline.compaction import Compactor
 from lakefeed.pipeline.faults import commit_or_park, park_staged
@@ -300,7 +300,7 @@ class EntityPipeline:
             result.workers = sorted({*(s.worker for s in staged if s.worker), *reducers})
             result.reducers = sorted(set(reducers))
             committer.commit_reduced(done, [b for s in staged for b in s.bad], result, checked_at, log_, snapshot,
-                                     watermark)
+                                     watermark, staged)
 
         commit_or_park(committer, commit, staged, result, checked_at, log_, retracted)
         committer.staging.drop(batch_id)
@@ -340,10 +340,10 @@ class EntityPipeline:
                 done = self.spread.map(work, [job], f"{description}: read and {what}")[0]
                 return list(done.staged), done
             except Exception as exc:  # staged alone, the rows are written or reduced by the commit, which parks them
-                if not data_fault(exc):
+                if not data_fault(exc) and poison.died(exc) is None:
                     raise
                 _log.warning("batch.unfused", entity=self.cfg.name, batch_id=batch_id, error=str(exc)[:500])
-        staged = self.spread.map(stage, jobs, f"{description}: read")
+        staged = poison.staged(self.spread, stage, jobs, description)  # a unit a task dies on is quarantined
         return [s for run in staged for s in run], None
 
     def _relative(self, path: str) -> str:

@@ -44,21 +44,24 @@ def commit_or_park(committer: Committer, commit: Callable[[], None], staged: lis
         gone = pa.array(list(retracted), pa.string())
         data = [part.filter(pc.invert(pc.is_in(part.column("source_file"), gone))) for part in data]
     log_.error("batch.parked", error=reason, rows=sum(part.num_rows for part in data))
-    _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason)
+    _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason, staged)
 
 
 def _park(committer: Committer, data: list[pa.Table], bad: list[tuple[str, BadRow]], result: BatchResult,
-          checked_at: datetime, reason: str) -> None:
+          checked_at: datetime, reason: str, staged: list[Staged]) -> None:
+    """The batch's rows, and its bad rows unless the quarantine has them already (`staged`: those tasks spilled)."""
     batch_id = result.batch_id
-    parked = [] if committer.done(committer.sinks.quarantine, batch_id) else list(bad)
+    held = committer.done(committer.sinks.quarantine, batch_id)
+    parked = [] if held else list(bad)
+    spilled = [] if held else [tasks.read_staged(committer.cfg, s.spilled) for s in staged if s.spilled]
     for part in data:
         parked += cdc.bad_rows(part, reason)
+    rows = quarantine_table(committer.cfg.name, parked, batch_id, checked_at, spilled)
     app_id = f"{committer.app_id}:parked"
     version = committer.sinks.quarantine.committed_version(app_id)
-    if parked and (version is None or version < batch_id):
-        committer.sinks.quarantine.append(quarantine_table(committer.cfg.name, parked, batch_id, checked_at),
-                                          app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
-    result.rows, result.changes, result.quarantined = 0, 0, len(parked)
+    if rows.num_rows and (version is None or version < batch_id):
+        committer.sinks.quarantine.append(rows, app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
+    result.rows, result.changes, result.quarantined = 0, 0, rows.num_rows
 
 
 def park_staged(committer: Committer, spread: Spread, staged: list[Staged], result: BatchResult,

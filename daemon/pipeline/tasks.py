@@ -20,7 +20,6 @@ is the entity's next one, known before its rows are read, so the task that stage
 from __future__ import annotations
 
 import os
-import posixpath
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +32,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages, positions
-from lakefeed.batch.buckets import bucket_of
-from lakefeed.batch.changelog import build_changelog, data_columns
+from lakefeed.batch.changelog import bad_rows_table, build_changelog, data_columns
 from lakefeed.batch.discovery import Partition
 from lakefeed.batch.file_rows import read_file
 from lakefeed.batch.read import BadRow, conform
@@ -43,12 +41,16 @@ from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
-from lakefeed.inbox.storage import Storage, make_folder
+from lakefeed.inbox.storage import Storage
 from lakefeed.odf import slices
 from lakefeed.pipeline import unstaged
+from lakefeed.pipeline.staged_files import read_staged, write_buckets, write_staged
 from lakefeed.pipeline.verdict import data_fault
 
 _log = log.get(__name__)
+# Bad rows a task returns; past that many it stages them, as its rows, for the commit to read: a million bad rows
+# were 123 MB of pickled result (past spark.driver.maxResultSize, 1 GiB, at some eight million: the batch failed).
+SPILL_ROWS = 10_000
 Job = TypeVar("Job")
 Out = TypeVar("Out")
 
@@ -122,6 +124,7 @@ class Staged:
     latest: datetime | None = None  # the latest event time of its rows
     worker: str = ""
     buckets: tuple[str, ...] = ()  # instead of `path`, cut by key: each bucket's rows ("": none)
+    spilled: str | None = None  # instead of `bad`, past SPILL_ROWS: the bad rows staged (changelog.bad_rows_table)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -172,11 +175,12 @@ def stage_frames(job: FramesJob) -> list[Staged]:
     """A run of push frames, decoded from the spool, conformed, tagged and stamped (daemon/batch/frames.py) and staged
     under its first frame's offset (each frame under its own if one fails to: daemon/pipeline/unstaged.py)."""
     where, _ = worker()
-    try:
-        return [_frames_staged(job, job.entries, where)]
-    except Exception as exc:
-        if not data_fault(exc):
-            raise
+    if len(job.entries) > 1:  # a run of one frame is tried once, below
+        try:
+            return [_frames_staged(job, job.entries, where)]
+        except Exception as exc:
+            if not data_fault(exc):
+                raise
     out = []
     for entry in job.entries:  # one frame at a time: only the frames at fault are quarantined
         try:
@@ -219,36 +223,37 @@ class StagedMessages:
 
 def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessages:
     """A part of a Kafka batch: values decoded and conformed, event time stamped, a keyed entity's rows tagged
-    (numbered within the part: the reduction orders the parts), staged under the part's number."""
+    (numbered within the part: the reduction orders the parts), staged under the part's number (without the
+    messages at fault if it fails to: daemon/pipeline/unstaged.py)."""
     where, _ = worker()
+    log_ = _log.bind(entity=job.cfg.name, stream=job.stream, part=part)
+
+    def stage(rows: pa.Table, bad: unstaged.Bad = ()) -> Staged:  # `rows`' messages, and `bad` quarantined too
+        data, found = _messages_rows(job, rows)
+        return _staged(job, Storage(job.cfg.storage), part, f"kafka/{job.stream}", data, [*bad, *found], where, log_)
     try:
-        return _messages_staged(job, batch, part, where)
+        staged = stage(batch)
     except Exception as exc:
         if not data_fault(exc):
             raise
-        bad = unstaged.message_rows(batch, exc, _log.bind(entity=job.cfg.name, stream=job.stream, part=part))
-        return StagedMessages(Staged(part, f"kafka/{job.stream}", True, bad=bad, worker=where), batch.num_rows,
-                              batch.column("value").null_count, positions.message_ends(batch))
+        staged = unstaged.part_without_faulty(batch, exc, lambda rows: _messages_rows(job, rows), stage, log_)
+    return StagedMessages(staged, batch.num_rows, batch.column("value").null_count, positions.message_ends(batch))
 
 
-def _messages_staged(job: MessagesJob, batch: pa.Table, part: int, where: str) -> StagedMessages:
+def _messages_rows(job: MessagesJob, batch: pa.Table) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
     cfg = job.cfg
     source = cfg.kafka_source(job.stream)
     assert source is not None
-    rows, bad, tombstones = messages.decode(batch, source, cfg.cdc.debezium)
-    data = None
-    if rows is not None:
-        read = conform(rows, job.target)
-        bad.extend((f"kafka/{job.stream}", b) for b in read.bad)
-        data = read.table
-        assert data is not None
-        data, bad_times = event_time.stamp(data, cfg.event_time, "", 0, job.checked_at)
-        bad.extend((f"kafka/{job.stream}", b) for b in bad_times)
-        if cfg.cdc.keyed:  # the batch's messages are one source, ordered by (topic, partition, offset)
-            data = cdc.tag(data, cdc.file_kind(cfg.cdc, None), 0)
-    staged = _staged(job, Storage(cfg.storage), part, f"kafka/{job.stream}", data, bad, where,
-                     _log.bind(entity=cfg.name, stream=job.stream))
-    return StagedMessages(staged, batch.num_rows, tombstones, positions.message_ends(batch))
+    rows, bad, _ = messages.decode(batch, source, cfg.cdc.debezium)
+    if rows is None:
+        return None, bad
+    read = conform(rows, job.target)
+    assert read.table is not None
+    data, bad_times = event_time.stamp(read.table, cfg.event_time, "", 0, job.checked_at)
+    bad.extend((f"kafka/{job.stream}", b) for b in [*read.bad, *bad_times])
+    if cfg.cdc.keyed:  # the batch's messages are one source, ordered by (topic, partition, offset)
+        data = cdc.tag(data, cdc.file_kind(cfg.cdc, None), 0)
+    return data, bad
 
 
 def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int, location: str,
@@ -267,31 +272,19 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
             else:
                 log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
             table = table.filter(pa.array(~mask))
+    spilled = None
+    if len(bad) > SPILL_ROWS:
+        spilled, bad = write_staged(store, f"{job.staging}/{offset}.bad.arrow", bad_rows_table(bad)), []
+    common = {"found": True, "bad": tuple(bad), "late": late, "worker": where, "spilled": spilled}
     if table is None:
-        return Staged(offset, location, True, bad=tuple(bad), late=late, worker=where)
-    latest = pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None
+        return Staged(offset, location, **common)
+    done = {"rows": table.num_rows, "schema": table.schema,
+            "latest": pc.max(table.column(event_time.EVENT_TIME)).as_py() if table.num_rows else None}
     if not job.buckets:
-        url = write_staged(store, f"{job.staging}/{offset}.arrow", table)
-        return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, url, latest, where)
-    buckets = write_buckets(store, f"{job.staging}/{offset}", table, cfg.cdc.primary_key, job.buckets)
-    return Staged(offset, location, True, table.num_rows, tuple(bad), late, table.schema, None, latest, where,
-                  buckets)
-
-
-def write_buckets(store: Storage, name: str, table: pa.Table, keys: tuple[str, ...], buckets: int) -> tuple[str, ...]:
-    """`table` cut into `buckets` by key, a file each (`name`.b<n>.arrow; "": a bucket without rows)."""
-    which = bucket_of(table, keys, buckets)
-    masks = [which == b for b in range(buckets)]
-    return tuple(write_staged(store, f"{name}.b{b}.arrow", table.filter(pa.array(mask))) if mask.any() else ""
-                 for b, mask in enumerate(masks))
-
-
-def write_staged(store: Storage, url: str, table: pa.Table) -> str:
-    fs, path = store.fs_of(url)
-    make_folder(fs, posixpath.dirname(path))
-    with fs.open_output_stream(path) as stream, pa.ipc.new_file(stream, table.schema) as writer:
-        writer.write_table(table)
-    return url
+        return Staged(offset, location, path=write_staged(store, f"{job.staging}/{offset}.arrow", table), **done,
+                      **common)
+    return Staged(offset, location, buckets=write_buckets(store, f"{job.staging}/{offset}", table,
+                                                          cfg.cdc.primary_key, job.buckets), **done, **common)
 
 
 @dataclass(frozen=True)
@@ -383,12 +376,6 @@ def whole(job: WholeJob) -> Whole:
     written = write(WriteJob(job.job.cfg, tuple(s.path for s in rows if s.path), schema, then.first_offset,
                              then.table, then.batch_id, job.job.checked_at, then.name))
     return Whole(then, tuple(staged), written)
-
-
-def read_staged(cfg: EntityConfig, path: str) -> pa.Table:
-    fs, where = Storage(cfg.storage).fs_of(path)
-    with fs.open_input_file(where) as source:
-        return pa.ipc.open_file(source).read_all()
 
 
 def shaped(rows: pa.Table, schema: pa.Schema) -> pa.Table:
