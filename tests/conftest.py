@@ -28,6 +28,27 @@ def _logs_to_stderr():
 
     log.configure("INFO", json=False)  # as the daemon does: stdout stays for command output
 
+@pytest.fixture(autouse=True)
+def _inboxes_closed(monkeypatch):
+    """Inboxes a test opens are closed after it, as the daemon's runner closes its own at a stop. Left open, a pytest
+    worker's descriptors passed 1024, and py4j's callback server, which select()s its socket, died ("filedescriptor
+    out of range in select()"): every foreachBatch query of that worker after it hung."""
+    from lakefeed.inbox.files import Inbox
+
+    opened: list[Inbox] = []
+    init = Inbox.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(Inbox, "__init__", tracked)
+    yield
+    for inbox in opened:
+        if inbox._fd != -1:  # not closed by the test (a runner's stop closes its own)
+            inbox.close()
+
+
 T = TypeVar("T")
 
 
