@@ -199,7 +199,7 @@ def test_a_crash_right_after_a_compaction_loses_nothing_and_the_replay_brings_th
     class Killed(BaseException):  # as the failpoint's SIGKILL: nothing in the daemon catches it
         pass
 
-    def crash(name: str) -> None:
+    def crash(name: str, unit: str = "") -> None:  # failpoints.reached
         if name == "compaction.committed":
             raise Killed
 
