@@ -13,11 +13,10 @@ from deltalake import DeltaTable
 
 from lakefeed.batch import read
 from lakefeed.config import model as config
-from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.inbox.files import FileEvent
 from lakefeed.pipeline import tasks
-from lakefeed.pipeline.entity import EntityPipeline
-from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import entity_yaml, land, write_config
+from tests.test_pipeline import _prepared
 
 GOOD, BAD = 3, 12
 
@@ -30,12 +29,7 @@ def _rows(uri) -> list[dict]:
 def spilling(tmp_path, request, monkeypatch):
     entity = entity_yaml(**({"cdc": {"strategy": "upsert", "primary_key": ["id"]}} if request.param == "upsert"
                             else {}))
-    cfg = config.load(write_config(tmp_path, [entity])).entities[0]
-    cfg.checkpoint.mkdir(parents=True)
-    (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
-    pipeline = EntityPipeline(cfg, Sinks.of(cfg))
-    pipeline.prepare()
-    inbox = Inbox(cfg.state / "inbox")
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
     root = cfg.source.path / "sales"
     pipeline.process(inbox.offer([FileEvent.of(land(root / "a.csv", "id,amount\n100,1.5\n"))]), 0)
     monkeypatch.setattr(tasks, "SPILL_ROWS", 5)
