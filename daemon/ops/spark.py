@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
+from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 
 from lakefeed.config.model import SparkConfig
@@ -128,6 +129,10 @@ def session(cfg: SparkConfig, packages: tuple[str, ...] = ()) -> SparkSession:
     spark = builder.getOrCreate()
     # Once more at run time: the JVM's options come too late when this process's JVM was already running.
     spark.sparkContext.setLogLevel(cfg.log_level)
+    # py4j's callback server (the JVM's way to a query's foreachBatch) select()s its socket, and select() takes no
+    # descriptor past 1023: started later, by the first query, in a process holding more, it would die in its thread
+    # and every foreachBatch would wait for ever. Started now, its socket gets one of the first descriptors.
+    ensure_callback_server_started(spark.sparkContext._gateway)
     spark.dataSource.register(InboxDataSource)
     spark.dataSource.register(SpoolDataSource)
     spark.dataSource.register(KafkaDataSource)
