@@ -14,7 +14,8 @@ written, not committed), `commit.changelog` (both committed, manifest not writte
 `odf.block_written` (a slice's block written, `refs/head` not moved), `compaction.committed` (a table compacted
 after a batch, its manifests not written); in tasks (daemon/pipeline/tasks.py):
 `task.written` (a write task's files written, not yet returned), `stage.file` (a landed file about to be read, by its
-path), `stage.frame` (push frames about to be decoded, by their Idempotency-Key); in the daemon's main loop
+path), `stage.frame` (push frames about to be decoded, by their Idempotency-Key), `stage.message` (each Kafka message
+of a task's part about to be decoded, by its value as text: UTF-8, bad bytes replaced); in the daemon's main loop
 (daemon/ops/supervisor.py), hang only: `supervisor.tick` (each turn of the loop, once the daemon is ready).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterable
 
 from lakefeed import log
 
@@ -42,6 +44,14 @@ def reached(name: str, unit: str = "") -> None:
         threading.Event().wait()
     if _ARMED == f"executor:{name}" and _first(name):
         os.kill(_executor(), signal.SIGKILL)
+
+
+def reached_each(name: str, units: Callable[[], Iterable[str]]) -> None:
+    """`reached` for each of `units()` (a task's messages), which is called only when a failpoint is armed: a step per
+    message in production would cost a batch of 500,000 messages that many Python calls."""
+    if _ARMED is not None:
+        for unit in units():
+            reached(name, unit)
 
 
 def _first(name: str) -> bool:

@@ -107,8 +107,9 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> N
     daemon.start()
     rows_per_file = 20_000
     pad = "p" * 64
+    # Each file ends with a bad row (a field too many): the tasks write the quarantine's files too.
     texts = ["id,file,pad\n" + "".join(f"{i},{n},{pad}\n" for i in range(n * rows_per_file, (n + 1) * rows_per_file))
-             for n in range(16)]
+             + f"{n},{n},{pad},extra\n" for n in range(16)]
     landed = sum(len(text) for text in texts)
     read_before = _read_bytes(daemon.proc.pid)
     for n, text in enumerate(texts):
@@ -117,8 +118,9 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> N
     # The driver (this daemon's own process) read paths and metadata, not the rows: far less than was landed.
     driver_read = _read_bytes(daemon.proc.pid) - read_before
     assert driver_read < landed / 10, (driver_read, landed)
-    workers = _workers(cfg.table) | _workers(cfg.changelog)
-    assert daemon.proc.pid not in workers
+    wait_for(lambda: _table_rows(cfg.quarantine) == 16, 30, 0.3, "every bad row")
+    workers = _workers(cfg.table) | _workers(cfg.changelog) | _workers(cfg.quarantine)
+    assert daemon.proc.pid not in workers and _workers(cfg.quarantine)
     # Each is a Python worker of one of the two executor JVMs (python worker reuse keeps them alive).
     executors = set()
     for pid in workers:
@@ -133,6 +135,9 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> N
     assert sorted(changelog["offset"].to_pylist()) == list(range(16 * rows_per_file))
     assert sorted(changelog["id"].to_pylist()) == list(range(16 * rows_per_file))
     assert verify(cfg) == []
+    quarantine = DeltaTable(str(cfg.quarantine)).to_pyarrow_table()
+    assert sorted(quarantine["source_file"].to_pylist()) == [f"sales/f{n:03d}.csv" for n in range(16)]
+    assert _files_on_disk(Path(cfg.quarantine)) == _files_held(Path(cfg.quarantine))
 
 
 def test_sigkill_of_the_daemon_mid_batch_on_a_cluster_loses_and_doubles_nothing(cluster):

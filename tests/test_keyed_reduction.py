@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +25,7 @@ from lakefeed.batch import cdc, event_time
 from lakefeed.batch.buckets import bucket_of
 from lakefeed.config import model as config
 from lakefeed.inbox.storage import Storage
-from lakefeed.pipeline import keyed, tasks
+from lakefeed.pipeline import keyed, staged_files, tasks
 from lakefeed.pipeline.sinks import delta_sink
 from tests.cdc_model import DictTable, Model
 from tests.conftest import entity_yaml, write_config
@@ -82,9 +83,18 @@ def _staged(cfg, table: pa.Table, offset: int, buckets: int, folder: str) -> tas
     return tasks.Staged(offset, f"file{offset}", True, table.num_rows, schema=table.schema, buckets=paths)
 
 
-def _canonical(done: keyed.Reduction) -> tuple:
+def _staging(tmp, batch_id: int) -> str:
+    """A batch's staging folder, named as the daemon names it (its bad rows' files are named after it)."""
+    return staged_files.folder(str(tmp), "q1token", batch_id)
+
+
+def _canonical(done: keyed.Reduction, cfg=None) -> tuple:
+    """`cfg`: the entity whose quarantine holds the files of the bad rows the tasks wrote (`done.quarantined`)."""
     rows = done.rows.to_pylist() if done.rows is not None else None
-    bad = sorted((path, b.reason, b.raw) for path, b in done.bad)
+    written = [pq.read_table(f"{cfg.quarantine}/{f.path}") for q in done.quarantined for f in q.files]
+    assert sum(t.num_rows for t in written) == sum(q.rows for q in done.quarantined)
+    bad = sorted([(path, b.reason, b.raw) for path, b in done.bad]
+                 + [(r["source_file"], r["reason"], r["raw"]) for t in written for r in t.to_pylist()])
     key = lambda r: (r["k"] is None, str(r["k"]), r[cdc.KIND], r[cdc.ORDER])  # noqa: E731
     return (sorted(rows, key=key) if rows is not None else None), bad, done.kept, done.late, done.latest, done.stale
 
@@ -125,10 +135,11 @@ def test_a_reduction_in_buckets_is_the_reduction_of_the_whole_batch(tmp_path_fac
         whole = cdc.tag(whole.drop_columns([cdc.KIND, cdc.ORDER]), kind_of[0], batch_id)
     tombstones = _tombstones(cfg, text_keys, whole.schema.field("k").type) if sequence else None
     expected = keyed.reduction(whole, cfg, watermark, None, tombstones)
-    staged = [_staged(cfg, t, n, buckets, str(tmp / "staging")) for n, t in enumerate(tables)]
-    got, workers = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, batch_id, str(tmp / "staging"),
-                                       watermark, None, numbered=numbered)
-    assert _canonical(got) == _canonical(expected)
+    staging = _staging(tmp, batch_id)
+    staged = [_staged(cfg, t, n, buckets, staging) for n, t in enumerate(tables)]
+    got, workers = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, batch_id, staging, T0, watermark, None,
+                                       numbered=numbered)
+    assert _canonical(got, cfg) == _canonical(expected)
     assert len(workers) == len({b for s in staged for b, path in enumerate(s.buckets) if path})
 
 
@@ -221,8 +232,8 @@ def test_the_snapshot_files_and_retracted_files_are_taken_in_each_bucket(tmp_pat
     tables = [_part(rows[:3], "snapshot", 0, False, False), _part(rows, "snapshot", 1, False, False),
               _part(rows[3:], "snapshot", 2, False, False)]
     snapshot = cdc.Snapshot(("file1", "file2"), None, "file2")
-    staged = [_staged(cfg, t, n, 3, str(tmp_path / "staging")) for n, t in enumerate(tables)]
-    got, _ = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, 1, str(tmp_path / "staging"), None, snapshot,
+    staged = [_staged(cfg, t, n, 3, _staging(tmp_path, 1)) for n, t in enumerate(tables)]
+    got, _ = keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, 1, _staging(tmp_path, 1), T0, None, snapshot,
                                  retracted=("file1",))
     assert sorted(got.rows.column("k").to_pylist()) == [3, 4, 5]
     assert set(got.rows.column("source_file").to_pylist()) == {"file2"}
@@ -232,10 +243,10 @@ def test_parts_cut_into_different_numbers_of_buckets_are_refused(tmp_path):
     """The count is fixed once per batch; parts that disagree would leave buckets unread or split a key."""
     cfg = _cfg(tmp_path, "upsert", False, "insert", "apply")
     rows = [{"k": k, "v": "a", "seq": 0, "IsDelete": None, "op": "c", "minute": 0} for k in range(6)]
-    staged = [_staged(cfg, _part(rows, "upsert", n, False, False), n, n + 2, str(tmp_path / "staging"))
+    staged = [_staged(cfg, _part(rows, "upsert", n, False, False), n, n + 2, _staging(tmp_path, 1))
               for n in range(2)]
     with pytest.raises(AssertionError, match="different numbers of buckets"):
-        keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, 1, str(tmp_path / "staging"), None, None)
+        keyed.reduce_staged(tasks.InProcess("test"), cfg, staged, 1, _staging(tmp_path, 1), T0, None, None)
 
 
 def test_a_rows_bucket_is_the_same_in_every_process():

@@ -17,8 +17,8 @@ from lakefeed.config import model as config
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.errors import ManifestError
 from lakefeed.inbox.files import FileEvent, Inbox
-from lakefeed.pipeline.commit import LOGGED_ROWS
 from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.quarantine_files import LOGGED_ROWS
 from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import entity_yaml, land, write_config
 

@@ -7,7 +7,9 @@ counted as a store fault and the batch was tried again for ever."""
 from __future__ import annotations
 
 import base64
+import json
 import signal
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -16,7 +18,10 @@ from deltalake import DeltaTable
 from lakefeed.config import model as config_module
 from lakefeed.inbox import spool
 from lakefeed.intake.push_api import token_hash
+from lakefeed.pipeline import poison
+from lakefeed.pipeline.verify import verify
 from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture
 from tests.test_daemon_process import Daemon
 from tests.test_push_daemon import TOKEN, _post, _url
 
@@ -79,3 +84,127 @@ def test_a_push_frame_the_decoder_dies_on_is_quarantined_as_acknowledged(tmp_pat
         assert daemon.events("batch.task_died") >= 1 and daemon.events("frame.unstaged") == 1
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(90) == 0
+
+
+def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, kafka_broker):  # noqa: F811
+    """One topic into an append and an upsert entity. The first batch (no table yet: one part) and a later one (a
+    part per topic-partition) each hold a message whose task dies each time; it is found by halving its part's
+    offset range and quarantined as its value, and every other message lands once, in order: the upsert entity
+    keeps the change of key 1 sent after the poison message, not the one before it. Without the search, the
+    first batch was tried again for ever."""
+    topic = kafka_broker.create_topic("poisoned", 2)
+    source = [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topics": [topic]}]
+    entities = [{"name": "orders", "kafka": source},
+                {"name": "latest", "cdc": {"strategy": "upsert", "primary_key": ["id"]}, "kafka": source}]
+    config = write_config(tmp_path, entities, spark={"master": "local[2]", "trigger_interval_s": 1.0})
+    orders, latest = config_module.load(config).entities
+    first = [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "poison-1"}]  # there before the start
+    kafka_broker.produce(topic, first, partition=0)
+    kafka_broker.produce(topic, [{"id": 4, "v": "d"}], partition=1)
+    with Daemon(config, tmp_path / "daemon.log") as daemon:
+        daemon.start(env={"LAKEFEED_FAILPOINT": "poison:stage.message:poison"})
+        wait_for(lambda: len(_rows(orders.table)) == 3 and len(_rows(latest.table)) == 3, 60,
+                 what="the first batch's other messages")
+        later = [{"id": 1, "v": "a2"}, {"id": 5, "v": "e"}, {"id": 6, "v": "poison-2"}, {"id": 1, "v": "a3"},
+                 {"id": 7, "v": "g"}]
+        kafka_broker.produce(topic, [{"id": 8, "v": "h"}], partition=0)
+        poison = kafka_broker.produce(topic, later, partition=1)[2]  # the second part's task dies
+        wait_for(lambda: len(_rows(orders.table)) == 8 and len(_rows(latest.table)) == 6, 60,
+                 what="the later batch's other messages")
+        kafka_broker.produce(topic, [{"id": 9, "v": "i"}], partition=0)  # the stream goes on past both
+        wait_for(lambda: len(_rows(orders.table)) == 9 and len(_rows(latest.table)) == 7, 60, what="a later message")
+        assert daemon.events("batch.task_died") >= 4 and daemon.events("message.unstaged") == 4
+        daemon.stop()
+    assert sorted(r["v"] for r in _rows(orders.table)) == ["a", "a2", "a3", "b", "d", "e", "g", "h", "i"]
+    assert {r["id"]: r["v"] for r in _rows(latest.table)} == {1: "a3", 2: "b", 4: "d", 5: "e", 7: "g", 8: "h", 9: "i"}
+    for cfg in (orders, latest):
+        parked = sorted(_rows(cfg.quarantine), key=lambda r: (r["source_file"], r["line"]))
+        assert [(r["source_file"], r["line"]) for r in parked] == [(f"kafka/{topic}/0", 2),
+                                                                   (f"kafka/{topic}/1", poison.offset)]
+        assert [json.loads(base64.b64decode(r["raw"])) for r in parked] == [first[2], later[2]]  # as sent
+        assert all("the task decoding it died each time, alone too" in r["reason"]
+                   and "Python worker exited unexpectedly" in r["reason"] for r in parked)
+        assert verify(cfg) == []
+
+
+class _Batch:
+    """A Kafka batch's parts in this process, as `poison.Pieces`: a job whose task holds a message `dies` on fails as
+    Spark fails it; `jobs` logs every job run. Its work is not run: a part's outcome is its messages' coordinates."""
+
+    def __init__(self, parts: list[list[tuple]], dies, jobs: list[str] | None = None) -> None:
+        self.parts, self.dies, self.jobs = parts, dies, [] if jobs is None else jobs
+
+    def map(self, work, whole: bool, description: str) -> list:
+        self.jobs.append(description)
+        parts = [[m for part in self.parts for m in part]] if whole else self.parts
+        for task, part in enumerate(parts):
+            if self.dies(part):
+                raise RuntimeError(f"Job aborted due to stage failure: Task {task} in stage 4.0 failed 1 times, most "
+                                   f"recent failure: Lost task {task}.0 in stage 4.0 (TID 9) (localhost executor "
+                                   "driver): org.apache.spark.SparkException: Python worker exited unexpectedly "
+                                   "(crashed). Consider setting 'spark.sql.execution.pyspark.udf.faulthandler.enabled'")
+        return [[m[:3] for m in part] for part in parts if part]
+
+    def ranges(self, part: int | None) -> list[tuple]:
+        self.jobs.append("ranges")
+        messages = [m for p in self.parts for m in p] if part is None else self.parts[part]
+        tps = sorted({m[:2] for m in messages})
+        return [(*tp, min(m[2] for m in messages if m[:2] == tp), max(m[2] for m in messages if m[:2] == tp))
+                for tp in tps]
+
+    def only(self, topic: str, partition: int, first: int, last: int) -> _Batch:
+        return _Batch([[m for p in self.parts for m in p if m[:2] == (topic, partition) and first <= m[2] <= last]],
+                      self.dies, self.jobs)
+
+    def without(self, messages) -> _Batch:
+        return _Batch([[m for m in p if m[:3] not in messages] for p in self.parts], self.dies, self.jobs)
+
+    def value(self, topic: str, partition: int, offset: int) -> bytes | None:
+        self.jobs.append("value")
+        return next(m[3] for p in self.parts for m in p if m[:3] == (topic, partition, offset))
+
+
+_JOB = SimpleNamespace(cfg=SimpleNamespace(name="orders"), stream="topic")
+
+
+def _poisoned(part: list[tuple]) -> bool:
+    return any(b"poison" in m[3] for m in part)
+
+
+def _parts(poisoned: set[int], size: int = 1000) -> list[list[tuple]]:
+    return [[("t", 0, o, b"poison" if o in poisoned else b"{}") for o in range(size)],
+            [("t", 1, o, b"{}") for o in range(10)]]
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_the_messages_a_kafka_task_dies_on_are_found_by_halving(whole):
+    batch = _Batch(_parts({637, 901}), _poisoned)
+    outs = poison.messages(batch, _JOB, whole, "batch 7")
+    *staged, first, second = outs
+    assert sorted(m for part in staged for m in part) == sorted(
+        m[:3] for part in _parts(set()) for m in part if m[:3] not in {("t", 0, 637), ("t", 0, 901)})
+    for out, offset in ((first, 637), (second, 901)):
+        assert out.messages == 1 and out.ends == {"t": {"0": offset + 1}}  # the stream moves past it
+        [(location, row)] = out.staged.bad
+        assert (location, row.line, base64.b64decode(row.raw)) == ("kafka/t/0", offset, b"poison")
+        assert "Python worker exited unexpectedly (crashed)" in row.reason and "Consider" not in row.reason
+    # For each: a range, a job per halving of 1,000 offsets (and one for the other topic-partition, in one part),
+    # its value and the batch again; and the first job.
+    assert len(batch.jobs) <= 1 + 2 * (1 + 1 + 10 + 2 + 1)
+
+
+def test_a_death_no_message_brings_back_alone_quarantines_nothing():
+    crowded = _Batch(_parts(set()), lambda part: len(part) > 100)  # memory short only for many messages together
+    with pytest.raises(RuntimeError, match="Python worker exited unexpectedly"):
+        poison.messages(crowded, _JOB, False, "batch 7")
+    once = iter([True])  # an executor lost once
+    flaky = _Batch(_parts(set()), lambda part: next(once, False))
+    assert [len(part) for part in poison.messages(flaky, _JOB, False, "batch 7")] == [1000, 10]
+
+
+def test_the_jobs_spent_on_dying_messages_are_bounded(monkeypatch):
+    monkeypatch.setattr(poison, "_JOBS", 30)
+    batch = _Batch(_parts({100, 200, 300}), _poisoned)
+    with pytest.raises(RuntimeError, match="Python worker exited unexpectedly"):
+        poison.messages(batch, _JOB, False, "batch 7")
+    assert len(batch.jobs) <= 1 + 30 + 3  # the cap, and a value job for each message found

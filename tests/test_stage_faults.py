@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from deltalake import DeltaTable
@@ -20,7 +21,7 @@ from lakefeed.connectors.sinks import data_files
 from lakefeed.inbox.files import FileEvent, Inbox, InboxReader
 from lakefeed.inbox.spool import Pending, Spool, SpoolReader, encode
 from lakefeed.intake.push_api import token_hash
-from lakefeed.pipeline import tasks, unstaged
+from lakefeed.pipeline import staged_files, tasks, unstaged
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
 from lakefeed.pipeline.verdict import store_fault
@@ -263,8 +264,8 @@ def test_a_keyed_part_staged_without_its_message_at_fault_is_a_clean_part_withou
     checked_at = datetime.now(UTC)
 
     def staged(rows: pa.Table, where: str) -> tasks.StagedMessages:
-        return tasks.stage_messages(tasks.MessagesJob(cfg, "k", target, checked_at, None, str(tmp_path / where), 3),
-                                    rows, 2)
+        staging = staged_files.folder(str(tmp_path / where), "token", 1)  # named as the daemon names it
+        return tasks.stage_messages(tasks.MessagesJob(cfg, "k", target, checked_at, None, staging, 3), rows, 2)
 
     clean = staged(batch.filter(pa.array([i != 21 for i in range(50)])), "clean")
     monkeypatch.setattr(tasks, "conform", _failing_for(tasks.conform, "666", pa.ArrowInvalid("cannot hold 666")))
@@ -272,7 +273,9 @@ def test_a_keyed_part_staged_without_its_message_at_fault_is_a_clean_part_withou
     assert (faulty.messages, faulty.tombstones, faulty.ends) == (50, 1, {"t": {"0": 50}})
     assert faulty.staged.rows == clean.staged.rows == 48 and faulty.staged.schema == clean.staged.schema
     assert _staged_rows(cfg, faulty.staged) == _staged_rows(cfg, clean.staged)
-    assert [(where, row.line) for where, row in faulty.staged.bad] == [("kafka/t/0", 21)]
+    [written] = faulty.staged.quarantined.files  # by the task, in the quarantine's folder
+    bad = pq.read_table(f"{cfg.quarantine}/{written.path}").select(["source_file", "line"]).to_pylist()
+    assert [(row["source_file"], row["line"]) for row in bad] == [("kafka/t/0", 21)]
     tags = pa.concat_tables(t for t in _staged_rows(cfg, faulty.staged) if t is not None).column(cdc.ORDER)
     assert sorted(tags.to_pylist()) == list(range(48))
 

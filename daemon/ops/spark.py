@@ -9,14 +9,15 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.java_gateway import ensure_callback_server_started
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.functions import col
 
 from lakefeed.config.model import SparkConfig
 from lakefeed.connectors.sources.kafka_source import KafkaDataSource
@@ -221,6 +222,43 @@ class FrameParts:
                 yield pa.RecordBatch.from_pydict({"part": [part], "outcome": [outcome]}, schema=_OUTCOMES)
 
         return _outcomes(self._frame.coalesce(1) if whole else self._frame, run, description)
+
+    # A Kafka batch's messages apart, to find the one a task dies on (daemon/pipeline/poison.py). Each is a job over
+    # the same micro-batch (Spark reads its offsets again), its messages decoded by `map`'s tasks, never here.
+
+    def ranges(self, part: int | None) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, first offset, last offset) of the messages in the frame's partition `part` (None: in
+        all of it), in that order: each task sums up its own (one stage; a groupBy would shuffle)."""
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            chunks = list(batches)
+            if chunks and part in (None, TaskContext.get().partitionId()):  # type: ignore[union-attr]
+                found = pa.Table.from_batches(chunks).group_by(["topic", "partition"]).aggregate(
+                    [("offset", "min"), ("offset", "max")])
+                yield from found.select(["topic", "partition", "offset_min", "offset_max"]).to_batches()
+
+        found = self._frame.select("topic", "partition", "offset").mapInArrow(
+            run, "topic string, partition int, offset_min long, offset_max long").collect()
+        return sorted((row[0], row[1], row[2], row[3]) for row in found)
+
+    def only(self, topic: str, partition: int, first: int, last: int) -> FrameParts:
+        """The messages of a topic-partition from offset `first` to `last`."""
+        return FrameParts(self._frame.where(_at(topic, partition, first, last)))
+
+    def without(self, messages: Sequence[tuple[str, int, int]]) -> FrameParts:
+        """All but these messages (topic, partition, offset), in the same partitions."""
+        frame = self._frame
+        for topic, partition, offset in messages:
+            frame = frame.where(~_at(topic, partition, offset, offset))
+        return FrameParts(frame)
+
+    def value(self, topic: str, partition: int, offset: int) -> bytes | None:
+        """A message's value as it was sent (None: a tombstone, or not in the batch)."""
+        found = self._frame.where(_at(topic, partition, offset, offset)).select("value").collect()
+        return bytes(found[0].value) if found and found[0].value is not None else None
+
+
+def _at(topic: str, partition: int, first: int, last: int) -> Column:
+    return (col("topic") == topic) & (col("partition") == partition) & col("offset").between(first, last)
 
 
 def _outcomes(frame: DataFrame, run: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints
 from lakefeed.batch import cdc, event_time
-from lakefeed.batch.changelog import build_changelog, data_columns, quarantine_table
+from lakefeed.batch.changelog import QUARANTINE_SCHEMA, build_changelog, data_columns
 from lakefeed.batch.positions import SOURCE_STATE_KEY
 from lakefeed.batch.read import BadRow
 from lakefeed.batch.schema import delta_compatible
@@ -34,16 +33,14 @@ from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.inbox.storage import Storage
 from lakefeed.manifests.cdm import METADATA_KEY
 from lakefeed.odf import slices
-from lakefeed.pipeline import keyed, tasks
+from lakefeed.pipeline import keyed, quarantine_files, tasks
+from lakefeed.pipeline.quarantine_files import Quarantined
 from lakefeed.pipeline.sinks import Sinks
 from lakefeed.pipeline.staging import Staging, write_jobs
 from lakefeed.pipeline.tasks import Spread, Staged
 
 DATA_MANIFEST_KEY = "lakefeed.data_manifest"
 SNAPSHOT_KEY = "lakefeed.snapshot"  # commit metadata: the snapshot file the table's state is (of each scope)
-# Quarantined rows logged one by one, a batch; the rest are counted by file (`rows.quarantined`): a hostile file of a
-# million bad rows wrote a million log lines, which took 28 of the 50 s of a batch of 300k.
-LOGGED_ROWS = 20
 
 
 @dataclass
@@ -142,7 +139,8 @@ class Committer:
         if reduced is not None:
             reduced, absent = self._settled(reduced, batch_id)
             bad = [*bad, *absent]
-        result.quarantined = self._quarantine(bad, batch_id, meta, checked_at, log_, staged)
+        written = [*(s.quarantined for s in staged if s.quarantined is not None), *done.quarantined]
+        result.quarantined = self._quarantine(bad, batch_id, meta, checked_at, log_, written)
         result.rows = done.kept
         if done.rows is None and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)
@@ -162,19 +160,28 @@ class Committer:
         return {"lakefeed.entity": self.cfg.name, "lakefeed.batch_id": str(batch_id), "lakefeed.app_id": self.app_id}
 
     def _quarantine(self, bad: list[tuple[str, BadRow]], batch_id: int, meta: dict[str, str], checked_at: datetime,
-                    log_: Any, staged: Sequence[Staged] = ()) -> int:
-        """The batch's bad rows (`bad`, and those `staged` spilled) put in quarantine, once; how many they are."""
-        spilled = [tasks.read_staged(self.cfg, s.spilled) for s in staged if s.spilled]
-        rows = quarantine_table(self.cfg.name, bad, batch_id, checked_at, spilled)
-        if rows.num_rows and not self.done(self.sinks.quarantine, batch_id):
-            self.sinks.quarantine.append(rows, self.app_id, batch_id, meta)
-            for row in rows.slice(0, LOGGED_ROWS).select(["source_file", "line", "reason"]).to_pylist():
-                log_.warning("row.quarantined", file=row["source_file"], line=row["line"], reason=row["reason"])
-            if rows.num_rows > LOGGED_ROWS:
-                log_.warning("rows.quarantined", rows=rows.num_rows, logged=LOGGED_ROWS,
-                             files=dict(Counter(rows.column("source_file").to_pylist()).most_common(LOGGED_ROWS)))
-            failpoints.reached("commit.quarantine")
-        return rows.num_rows
+                    log_: Any, written: Sequence[Quarantined] = ()) -> int:
+        """The batch's bad rows put in quarantine, once: the files its tasks wrote (`written`), and `bad`, found
+        here; how many they are."""
+        parts = list(written)
+        files = [f for part in parts for f in part.files]
+        if self.done(self.sinks.quarantine, batch_id):
+            quarantine_files.discard(self.cfg, files, log_)  # this replay's copies
+            return sum(part.rows for part in parts) + len(bad)
+        if bad:
+            name = self.staging.quarantine_name(batch_id)
+            parts.append(quarantine_files.write(self.cfg, bad, batch_id, checked_at, name))
+            files += parts[-1].files
+        if not files:
+            return 0
+        if workers := sorted({part.worker for part in parts if part.worker}):
+            meta = {**meta, "lakefeed.workers": json.dumps(workers)}
+        self.sinks.quarantine.commit_files(files, QUARANTINE_SCHEMA, self.app_id, batch_id, meta)
+        quarantine_files.log_rows(log_, parts)
+        self.staging.sweep(batch_id, any(part.retried for part in parts),
+                           ((self.sinks.quarantine, str(self.cfg.quarantine), files),), log_)
+        failpoints.reached("commit.quarantine")
+        return sum(part.rows for part in parts)
 
     def _metas(self, meta: dict[str, str], result: BatchResult, checked_at: datetime,
                watermark: datetime | None) -> tuple[dict[str, str], dict[str, str]]:
@@ -210,7 +217,7 @@ class Committer:
         result.watermark = new_watermark
         result.late = sum(s.late for s in staged)
         result.quarantined = self._quarantine([b for s in staged for b in s.bad], batch_id, meta, checked_at, log_,
-                                              staged)
+                                              [s.quarantined for s in staged if s.quarantined is not None])
         result.rows = sum(s.rows for s in staged)
         if not result.rows and not result.partitions:
             log_.info("batch.empty", unmatched=result.unmatched)

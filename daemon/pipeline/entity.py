@@ -10,7 +10,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +188,9 @@ class EntityPipeline:
         job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id),
                                 self._buckets())
         # Tasks decode the messages where Spark read them; without a table yet, the first types found are the ones
-        # the others must fit, so that batch is one part.
+        # the others must fit, so that batch is one part. A message a task dies on is quarantined (pipeline/poison.py).
         with result.timed("tasks"):
-            outs = parts.map(partial(tasks.stage_messages, job), target is None,
-                             f"lakefeed {self.cfg.name} {stream} batch {batch_id}: decode")
+            outs = poison.messages(parts, job, target is None, f"lakefeed {self.cfg.name} {stream} batch {batch_id}")
         result.files = sum(o.messages for o in outs)
         if not result.files:
             return result
@@ -295,7 +293,7 @@ class EntityPipeline:
                 done, reducers = keyed.fused_reduction(self.cfg, fused)
             else:
                 done, reducers = keyed.reduce_staged(self.spread, self.cfg, staged, batch_id,
-                                                     committer.staging.url(batch_id), watermark, snapshot,
+                                                     committer.staging.url(batch_id), checked_at, watermark, snapshot,
                                                      tuple(retracted), numbered)
             result.workers = sorted({*(s.worker for s in staged if s.worker), *reducers})
             result.reducers = sorted(set(reducers))

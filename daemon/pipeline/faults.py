@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed.batch import cdc
-from lakefeed.batch.changelog import quarantine_table
+from lakefeed.batch.changelog import QUARANTINE_SCHEMA
 from lakefeed.batch.read import BadRow
-from lakefeed.pipeline import tasks
+from lakefeed.pipeline import quarantine_files, tasks
 from lakefeed.pipeline.commit import BatchResult, Committer
 from lakefeed.pipeline.tasks import Spread, Staged
 from lakefeed.pipeline.verdict import data_fault
@@ -44,24 +44,32 @@ def commit_or_park(committer: Committer, commit: Callable[[], None], staged: lis
         gone = pa.array(list(retracted), pa.string())
         data = [part.filter(pc.invert(pc.is_in(part.column("source_file"), gone))) for part in data]
     log_.error("batch.parked", error=reason, rows=sum(part.num_rows for part in data))
-    _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason, staged)
+    _park(committer, data, [b for s in staged for b in s.bad], result, checked_at, reason, staged, log_)
 
 
 def _park(committer: Committer, data: list[pa.Table], bad: list[tuple[str, BadRow]], result: BatchResult,
-          checked_at: datetime, reason: str, staged: list[Staged]) -> None:
-    """The batch's rows, and its bad rows unless the quarantine has them already (`staged`: those tasks spilled)."""
+          checked_at: datetime, reason: str, staged: list[Staged], log_: Any) -> None:
+    """The batch's rows, and its bad rows unless the quarantine has them already (`bad`, and the files its tasks
+    wrote: `staged`), in one commit of the quarantine under an application id of its own."""
     batch_id = result.batch_id
     held = committer.done(committer.sinks.quarantine, batch_id)
     parked = [] if held else list(bad)
-    spilled = [] if held else [tasks.read_staged(committer.cfg, s.spilled) for s in staged if s.spilled]
     for part in data:
         parked += cdc.bad_rows(part, reason)
-    rows = quarantine_table(committer.cfg.name, parked, batch_id, checked_at, spilled)
+    written = [] if held else [s.quarantined for s in staged if s.quarantined is not None]
+    result.rows, result.changes = 0, 0
+    result.quarantined = len(parked) + sum(part.rows for part in written)
     app_id = f"{committer.app_id}:parked"
     version = committer.sinks.quarantine.committed_version(app_id)
-    if rows.num_rows and (version is None or version < batch_id):
-        committer.sinks.quarantine.append(rows, app_id, batch_id, {"lakefeed.batch_id": str(batch_id)})
-    result.rows, result.changes, result.quarantined = 0, 0, rows.num_rows
+    if version is None or version < batch_id:
+        if parked:
+            written.append(quarantine_files.write(committer.cfg, parked, batch_id, checked_at,
+                                                  f"{committer.staging.quarantine_name(batch_id)}-parked"))
+        if files := [f for part in written for f in part.files]:
+            committer.sinks.quarantine.commit_files(files, QUARANTINE_SCHEMA, app_id, batch_id,
+                                                    {"lakefeed.batch_id": str(batch_id)})
+    # What this attempt's tasks wrote and no commit took (the quarantine had the batch, or its parked rows): gone.
+    committer.staging.sweep(batch_id, True, ((committer.sinks.quarantine, str(committer.cfg.quarantine), []),), log_)
 
 
 def park_staged(committer: Committer, spread: Spread, staged: list[Staged], result: BatchResult,

@@ -25,7 +25,8 @@ from lakefeed.batch.read import BadRow
 from lakefeed.config.model import CdcConfig, EntityConfig
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.inbox.storage import Storage
-from lakefeed.pipeline import tasks
+from lakefeed.pipeline import quarantine_files, tasks
+from lakefeed.pipeline.quarantine_files import Quarantined
 from lakefeed.pipeline.sinks import delta_sink
 
 
@@ -39,6 +40,7 @@ class Reduction:
     late: int = 0
     latest: datetime | None = None  # the latest event time of the rows kept (the watermark's next step)
     stale: int = 0  # changes older than a deletion of their key (the tombstones'), left out
+    quarantined: tuple[Quarantined, ...] = ()  # instead of `bad`: those its tasks wrote (quarantine_files.py)
 
 
 def reduction(data: pa.Table | None, cfg: EntityConfig, watermark: datetime | None,
@@ -165,7 +167,9 @@ class ReduceJob:
     retracted: tuple[str, ...]  # files whose rows are not the state (a snapshot's, gone before the batch)
     watermark: datetime | None
     snapshot: cdc.Snapshot | None
-    out: str  # where the bucket's reduced rows are staged (the attempt's number and `.arrow` added)
+    staging: str  # the batch's staging folder: the bucket's reduced rows are staged in it
+    bucket: int
+    checked_at: datetime  # the batch's: its bad rows' time in the quarantine
 
 
 @dataclass(frozen=True)
@@ -191,25 +195,29 @@ def reduce_bucket(job: ReduceJob) -> Reduced:
     # The tombstones read here, by delta-rs whichever writer wrote them: each task looks up its own keys.
     tombstones = delta_sink(cfg, cfg.tombstones) if cfg.cdc.sequence_by else None
     done = reduction(data, cfg, job.watermark, job.snapshot, tombstones)
+    if done.bad:  # late rows may be a whole backfill: written here, not returned
+        written = quarantine_files.of_task(cfg, done.bad, job.staging, job.checked_at, f"r{job.bucket}",
+                                           (where, attempt))
+        done = replace(done, bad=(), quarantined=(written,))
     if done.rows is None:
         return Reduced(done, None, where)
-    path = tasks.write_staged(Storage(cfg.storage), f"{job.out}-a{attempt}.arrow", done.rows)
+    path = tasks.write_staged(Storage(cfg.storage), f"{job.staging}/reduced/{job.bucket}-a{attempt}.arrow", done.rows)
     failpoints.reached("task.reduced")  # staged, not returned: a retry stages its own
     return Reduced(replace(done, rows=None), path, where)
 
 
 def reduce_staged(spread: tasks.Spread, cfg: EntityConfig, staged: list[tasks.Staged], batch_id: int,
-                  staging: str, watermark: datetime | None, snapshot: cdc.Snapshot | None,
+                  staging: str, checked_at: datetime, watermark: datetime | None, snapshot: cdc.Snapshot | None,
                   retracted: tuple[str, ...] = (), numbered: bool = False) -> tuple[Reduction, list[str]]:
     """The batch's reduction, a task per bucket, and where those tasks ran; `numbered`: the staged parts' rows are
     ordered within each part (a Kafka batch's), and the batch orders the parts."""
-    jobs = _reduce_jobs(cfg, staged, batch_id, staging, watermark, snapshot, retracted, numbered)
+    jobs = _reduce_jobs(cfg, staged, batch_id, staging, checked_at, watermark, snapshot, retracted, numbered)
     if isinstance(jobs, Reduction):
         return jobs, []
     return _combined(cfg, spread.map(reduce_bucket, jobs, f"lakefeed {cfg.name} batch {batch_id}: reduce"))
 
 
-def _reduce_jobs(cfg: EntityConfig, staged: list[tasks.Staged], batch_id: int, staging: str,
+def _reduce_jobs(cfg: EntityConfig, staged: list[tasks.Staged], batch_id: int, staging: str, checked_at: datetime,
                  watermark: datetime | None, snapshot: cdc.Snapshot | None, retracted: tuple[str, ...],
                  numbered: bool) -> Reduction | list[ReduceJob]:
     """A task's job for each bucket that has rows; or, for a batch without rows, its reduction (nothing to spread)."""
@@ -227,7 +235,7 @@ def _reduce_jobs(cfg: EntityConfig, staged: list[tasks.Staged], batch_id: int, s
         shifted.append((s, batch_id * cdc.ROWS_PER_SOURCE + before if numbered else 0))
         before += s.rows
     jobs = [ReduceJob(cfg, tuple((s.buckets[b], shift) for s, shift in shifted if s.buckets[b]), schema, retracted,
-                      watermark, snapshot, f"{staging}/reduced/{b}") for b in range(len(parts[0].buckets))]
+                      watermark, snapshot, staging, b, checked_at) for b in range(len(parts[0].buckets))]
     return [j for j in jobs if j.parts]
 
 
@@ -238,7 +246,8 @@ def _combined(cfg: EntityConfig, done: list[Reduced]) -> tuple[Reduction, list[s
     return Reduction(pa.concat_tables(tables) if tables else None,
                      tuple(b for d in done for b in d.reduction.bad), sum(d.reduction.kept for d in done),
                      sum(d.reduction.late for d in done), max(latest, default=None),
-                     sum(d.reduction.stale for d in done)), [d.worker for d in done]
+                     sum(d.reduction.stale for d in done), tuple(q for d in done for q in d.reduction.quarantined)
+                     ), [d.worker for d in done]
 
 
 # -- a batch that is one stage task: that task reduces it as well ---------------------------------------------------
@@ -274,7 +283,8 @@ def stage_and_reduce(job: FusedJob) -> Fused:
     """Stage the batch's rows and reduce them, each bucket as its own task would (one Spark job instead of two: a
     job costs 0.1-0.2 s, which a small keyed batch would otherwise pay twice)."""
     staged = job.stage(job.job)
-    jobs = _reduce_jobs(job.job.cfg, staged, job.batch_id, job.job.staging, job.watermark, None, (), False)
+    jobs = _reduce_jobs(job.job.cfg, staged, job.batch_id, job.job.staging, job.job.checked_at, job.watermark, None,
+                        (), False)
     return Fused(job.watermark, tuple(staged), jobs if isinstance(jobs, Reduction) else tuple(map(reduce_bucket, jobs)))
 
 

@@ -7,20 +7,34 @@ So a stage job that died is staged again one unit (a landed file, a push frame) 
 there, and then again alone, is quarantined with the reason (a file's rows stay in the file; a frame's bytes go to
 quarantine as acknowledged, not decoded: decoding them is what may crash), and the batch goes on. A death that does
 not come back for a unit alone (an executor lost, memory short only beside other tasks) costs a slower batch.
+
+A Kafka batch's messages are decoded by the tasks that read them (`tasks.stage_messages` over `FrameParts`), so its
+units are looked for in the batch itself: the part whose task died is cut into its topic-partitions' offset ranges,
+each decoded alone in a job over the batch filtered to it (`probe`: decoded as staged, nothing written), and a range
+whose task dies halved, until one message dies alone. That message is quarantined as its value (base64, not
+decoded), and the batch staged again without it, as if it had never been sent; its offset still counts, so the
+stream moves past it. A message costs a job per range of its part and one per halving, and three more (`_JOBS` at
+most a batch: past that the death is raised, as before). A death no piece brings back alone quarantines nothing: the
+batch is staged again whole, and if it dies again, that death is raised.
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
 
 from lakefeed import log
 from lakefeed.batch.read import BadRow
 from lakefeed.inbox import spool
-from lakefeed.pipeline.tasks import FramesJob, Spread, Staged, StageJob
+from lakefeed.pipeline import tasks
+from lakefeed.pipeline.tasks import FramesJob, MessagesJob, Parts, Spread, Staged, StagedMessages, StageJob
+from lakefeed.pipeline.verdict import data_fault
 
 _log = log.get(__name__)
 # Spark's words for a job given up on because a task failed each time; a task's own exception never gets here
@@ -30,6 +44,11 @@ _ABORTED = re.compile(r"Job aborted due to stage failure: Task (\d+) in stage [\
 # org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider setting ...".
 _CAUSE = re.compile(r"most recent failure: (?:Lost task .*?\): )?(.*?)(?: Consider setting|\n|$)")
 Stage = Callable[[Any], list[Staged]]
+Message = tuple[str, int, int]  # topic, partition, offset
+Range = tuple[str, int, int, int]  # topic, partition, first and last offset
+# The jobs a Kafka batch may spend finding the messages its tasks die on: some 25 for each in a part of 500,000
+# messages (the default `max_offsets_per_trigger`), so ten such messages a batch at the least.
+_JOBS = 256
 
 
 def died(exc: BaseException) -> int | None:
@@ -107,3 +126,126 @@ def _cause(exc: BaseException) -> str:
     found = _CAUSE.search(str(exc))
     return found.group(1)[:300] if found else ""
 
+
+@runtime_checkable
+class Pieces(Protocol):
+    """A Kafka batch's messages that can be taken apart and decoded in pieces (`FrameParts`, daemon/ops/spark.py)."""
+
+    def map(self, work: Callable[[pa.Table, int], Any], whole: bool, description: str) -> list[Any]: ...
+
+    def ranges(self, part: int | None) -> list[Range]: ...
+
+    def only(self, topic: str, partition: int, first: int, last: int) -> Pieces: ...
+
+    def without(self, messages: Sequence[Message]) -> Pieces: ...
+
+    def value(self, topic: str, partition: int, offset: int) -> bytes | None: ...
+
+
+def messages(parts: Parts, job: MessagesJob, whole: bool, description: str) -> list[StagedMessages]:
+    """`parts.map(stage_messages)`; if a task died, the same without the messages a task dies on alone, each
+    quarantined as a part of its own. Parts in this process (no Spark) have no task to die."""
+    stage = partial(tasks.stage_messages, job)
+    try:
+        return parts.map(stage, whole, f"{description}: decode")
+    except Exception as exc:
+        if died(exc) is None or not isinstance(parts, Pieces):
+            raise
+        return _without_dying(parts, job, whole, description, exc)
+
+
+def _without_dying(parts: Pieces, job: MessagesJob, whole: bool, description: str,
+                   exc: BaseException) -> list[StagedMessages]:
+    stage, jobs = partial(tasks.stage_messages, job), _Jobs(_JOBS)
+    dead: list[Message] = []
+    quarantined: list[StagedMessages] = []
+    while True:
+        task = died(exc)
+        _log.warning("batch.task_died", entity=job.cfg.name, stream=job.stream, task=task, error=_cause(exc),
+                     action="decoding its messages apart, to find the message the task dies on")
+        rest = parts.without(dead)
+        if (found := _dying(rest, job, None if whole else task, description, exc, jobs)) is not None:
+            message, cause = found
+            dead.append(message)
+            quarantined.append(_message_quarantined(rest, job, message, cause))
+        jobs.spend(exc)
+        try:
+            return [*parts.without(dead).map(stage, whole, f"{description}: decode again"), *quarantined]
+        except Exception as again:
+            if died(again) is None or found is None:  # a death no message brings back alone is not a message's
+                raise
+            exc = again
+
+
+def _dying(parts: Pieces, job: MessagesJob, part: int | None, description: str, exc: BaseException,
+           jobs: _Jobs) -> tuple[Message, str] | None:
+    """The message of partition `part` (None: of all) whose task dies alone, and what it died of; None if none does.
+    The part's topic-partition ranges are decoded one at a time, the first that dies is halved, and so on. Of pieces
+    one of which died, the last is not tried once the others passed: it is halved at once. The message found is:
+    it must die alone."""
+    jobs.spend(exc)
+    pieces = parts.ranges(part)
+    while pieces:
+        topic, partition, first, last = pieces.pop(0)
+        if pieces or first == last:
+            jobs.spend(exc)
+            if (death := _death(parts.only(topic, partition, first, last), job, description)) is None:
+                continue
+            exc = death
+        if first == last:
+            return (topic, partition, first), _cause(exc)
+        middle = (first + last) // 2
+        pieces = [(topic, partition, first, middle), (topic, partition, middle + 1, last)]
+    return None
+
+
+def _death(piece: Pieces, job: MessagesJob, description: str) -> BaseException | None:
+    """What the task decoding `piece` alone died of; None: it did not die."""
+    try:
+        piece.map(partial(probe, job), True, f"{description}: apart")
+    except Exception as exc:
+        if died(exc) is None:
+            raise
+        return exc
+    return None
+
+
+def probe(job: MessagesJob, batch: pa.Table, part: int) -> int:
+    """A piece of a Kafka batch decoded as its stage task decodes it, nothing staged: whether a task dies on it. A
+    fault raised is no death (staging quarantines the messages at fault): the piece passes."""
+    try:
+        tasks.messages_rows(job, batch)
+    except Exception as exc:
+        if not data_fault(exc):
+            raise
+    return batch.num_rows
+
+
+def _message_quarantined(parts: Pieces, job: MessagesJob, message: Message, cause: str) -> StagedMessages:
+    topic, partition, offset = message
+    why = (f"the task decoding it died each time, alone too ({cause}); nothing of it was applied: a decoder crashes "
+           "on it, or it needs more memory than a task has")
+    _log.error("message.unstaged", entity=job.cfg.name, stream=job.stream, topic=topic, partition=partition,
+               offset=offset, error=why)
+    value = parts.value(topic, partition, offset)
+    location = f"kafka/{topic}/{partition}"
+    bad = () if value is None else \
+        ((location, BadRow(offset, f"{why}; raw: the message's value, base64", base64.b64encode(value).decode())),)
+    # Its offset counts among the batch's: the stream moves past it.
+    return StagedMessages(Staged(offset, location, True, bad=bad), 1, int(value is None),
+                          {topic: {str(partition): offset + 1}})
+
+
+class _Jobs:
+    """The jobs a batch may still spend on finding the messages its tasks die on."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def spend(self, exc: BaseException) -> None:
+        """One job more; none left: `exc` (the task's death) is raised, as it was before they were looked for."""
+        if not self.left:
+            _log.error("batch.apart_given_up", error=_cause(exc), jobs=_JOBS,
+                       action="the batch fails as a task's death, and is tried again")
+            raise exc
+        self.left -= 1

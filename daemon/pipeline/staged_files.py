@@ -1,5 +1,6 @@
 """The files of a batch's staging folder (`_staging/` beside the changelog, local or s3://): rows a stage task read,
-as Arrow IPC, for the tasks that write or reduce them and, past `tasks.SPILL_ROWS`, its bad rows for the commit.
+as Arrow IPC, for the tasks that write or reduce them. The folder's name says whose batch it is (`folder`,
+`batch_of`): a task writing files of its own for the batch names them after it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,17 @@ import pyarrow as pa
 from lakefeed.batch.buckets import bucket_of
 from lakefeed.config.model import EntityConfig
 from lakefeed.inbox.storage import Storage, make_folder
+
+
+def folder(parent: str, token: str, batch_id: int) -> str:
+    """The staging folder of batch `batch_id` of the query whose files are named with `token`."""
+    return f"{parent}/_staging/{token}-b{batch_id}"
+
+
+def batch_of(url: str) -> tuple[str, int]:
+    """The query's token and the batch of a staging folder (`folder`)."""
+    token, batch_id = posixpath.basename(url.rstrip("/")).rsplit("-b", 1)
+    return token, int(batch_id)
 
 
 def write_buckets(store: Storage, name: str, table: pa.Table, keys: tuple[str, ...], buckets: int) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from lakefeed.connectors.sinks import data_files
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.inbox.storage import Storage
+from lakefeed.pipeline import staged_files
 from lakefeed.pipeline.tasks import Staged, WriteJob, Written
 
 
@@ -27,15 +28,18 @@ class Staging:
     def __init__(self, cfg: EntityConfig, app_id: str) -> None:
         self.cfg = cfg
         self.token = hashlib.sha256(app_id.encode()).hexdigest()[:10]  # in the names of the files its tasks write
-        self._swept = False
+        self._swept: set[str] = set()  # the tables swept since the start
 
     def url(self, batch_id: int) -> str:
         """Where a batch's tasks stage the rows they read."""
-        parent = str(self.cfg.changelog).rstrip("/").rsplit("/", 1)[0]
-        return f"{parent}/_staging/{self.token}-b{batch_id}"
+        return staged_files.folder(str(self.cfg.changelog).rstrip("/").rsplit("/", 1)[0], self.token, batch_id)
 
     def name(self, batch_id: int, run: int) -> str:
         return f"{data_files.prefix(self.token, batch_id)}r{run}"
+
+    def quarantine_name(self, batch_id: int) -> str:
+        """Of the quarantine's file of the bad rows the driver found (a task's are named after its first unit)."""
+        return f"{data_files.prefix(self.token, batch_id)}q-driver"
 
     def drop(self, batch_id: int) -> None:
         """The batch's staged rows are no longer needed."""
@@ -56,12 +60,12 @@ class Staging:
         """Files of the batch that an earlier attempt of it wrote and no table holds (a task retried, a crash
         before the commit) go: looked for on the first batch after a start, and after a batch with a retried task
         (`written`: each table, where it is, and the files the batch committed to it)."""
-        if self._swept and not retried:
-            return
-        self._swept = True
         store = Storage(self.cfg.storage)
         start = data_files.prefix(self.token, batch_id)
         for sink, location, files in written:
+            if location in self._swept and not retried:
+                continue
+            self._swept.add(location)
             out, root = store.fs_of(location)
             folders = {posixpath.dirname(f.path) for f in files} or {""}
             removed = data_files.sweep(out, root, start, sink.paths(), sorted(folders))

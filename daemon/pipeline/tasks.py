@@ -6,7 +6,8 @@ often one is retried:
 1. stage: read the batch's rows and take them as a batch does (conformed, tagged, stamped, late rows set apart),
    and write them to the batch's staging folder (Arrow IPC, beside the changelog) under a name their place in
    the batch fixes (a keyed entity's cut into buckets by key, for the reduction's tasks: daemon/pipeline/keyed.py).
-   It returns counts, bad rows, the schema and the latest event time (`Staged`). `stage`: a run
+   It returns counts, the schema and the latest event time (`Staged`); its bad rows it writes as a file of the
+   quarantine table (daemon/pipeline/quarantine_files.py) and returns that file's add action. `stage`: a run
    of landed files (daemon/batch/file_rows.py); `stage_frames`: a run of push frames; `stage_messages`: a
    partition of a Kafka batch, in the task that read it.
 2. `write`, one task per run of staged parts in order: the driver has summed the counts, so each run knows
@@ -23,7 +24,7 @@ import os
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol, TypeVar
 
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
 from lakefeed.batch import cdc, event_time, frames, messages, positions
-from lakefeed.batch.changelog import bad_rows_table, build_changelog, data_columns
+from lakefeed.batch.changelog import build_changelog, data_columns
 from lakefeed.batch.discovery import Partition
 from lakefeed.batch.file_rows import read_file
 from lakefeed.batch.read import BadRow, conform
@@ -43,14 +44,12 @@ from lakefeed.inbox.files import InboxRecord
 from lakefeed.inbox.spool import Entry
 from lakefeed.inbox.storage import Storage
 from lakefeed.odf import slices
-from lakefeed.pipeline import unstaged
+from lakefeed.pipeline import quarantine_files, unstaged
+from lakefeed.pipeline.quarantine_files import Quarantined
 from lakefeed.pipeline.staged_files import read_staged, write_buckets, write_staged
 from lakefeed.pipeline.verdict import data_fault
 
 _log = log.get(__name__)
-# Bad rows a task returns; past that many it stages them, as its rows, for the commit to read: a million bad rows
-# were 123 MB of pickled result (past spark.driver.maxResultSize, 1 GiB, at some eight million: the batch failed).
-SPILL_ROWS = 10_000
 Job = TypeVar("Job")
 Out = TypeVar("Out")
 
@@ -124,7 +123,7 @@ class Staged:
     latest: datetime | None = None  # the latest event time of its rows
     worker: str = ""
     buckets: tuple[str, ...] = ()  # instead of `path`, cut by key: each bucket's rows ("": none)
-    spilled: str | None = None  # instead of `bad`, past SPILL_ROWS: the bad rows staged (changelog.bad_rows_table)
+    quarantined: Quarantined | None = None  # instead of `bad`: the task's bad rows, written (one unit carries them)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -135,8 +134,18 @@ class Staged:
 def stage(job: StageJob) -> list[Staged]:
     where, _ = worker()
     store = Storage(job.cfg.storage)
-    return [_stage_guarded(job, store, rec, partition, where) for rec, partition in job.files]
+    return bad_written(job, [_stage_guarded(job, store, rec, partition, where) for rec, partition in job.files])
 
+
+def bad_written(job: StageJob | FramesJob | MessagesJob, staged: list[Staged]) -> list[Staged]:
+    """The stage task's bad rows (each unit's `bad`) written as one file of the quarantine table, which its first unit
+    carries (daemon/pipeline/quarantine_files.py): a million bad rows returned as rows were 123 MB of pickled result,
+    past Spark's maxResultSize at about eight million."""
+    bad = [b for s in staged for b in s.bad]
+    if not bad:
+        return staged
+    written = quarantine_files.of_task(job.cfg, bad, job.staging, job.checked_at, str(staged[0].offset), worker())
+    return [replace(staged[0], bad=(), quarantined=written), *(replace(s, bad=()) for s in staged[1:])]
 
 def _stage_guarded(job: StageJob, store: Storage, rec: InboxRecord, partition: Partition, where: str) -> Staged:
     """`_stage_one`, or the file quarantined by name for a data fault no check foresaw (daemon/pipeline/unstaged.py)."""
@@ -177,7 +186,7 @@ def stage_frames(job: FramesJob) -> list[Staged]:
     where, _ = worker()
     if len(job.entries) > 1:  # a run of one frame is tried once, below
         try:
-            return [_frames_staged(job, job.entries, where)]
+            return bad_written(job, [_frames_staged(job, job.entries, where)])
         except Exception as exc:
             if not data_fault(exc):
                 raise
@@ -192,7 +201,7 @@ def stage_frames(job: FramesJob) -> list[Staged]:
             bad = unstaged.frame_rows(job.cfg.spool(job.stream), location, entry, exc,
                                       _log.bind(entity=job.cfg.name, stream=job.stream, frame=entry.offset))
             out.append(Staged(entry.offset, location, True, bad=bad, worker=where))
-    return out
+    return bad_written(job, out)
 
 
 def _frames_staged(job: FramesJob, entries: tuple[Entry, ...], where: str) -> Staged:
@@ -229,18 +238,22 @@ def stage_messages(job: MessagesJob, batch: pa.Table, part: int) -> StagedMessag
     log_ = _log.bind(entity=job.cfg.name, stream=job.stream, part=part)
 
     def stage(rows: pa.Table, bad: unstaged.Bad = ()) -> Staged:  # `rows`' messages, and `bad` quarantined too
-        data, found = _messages_rows(job, rows)
+        data, found = messages_rows(job, rows)
         return _staged(job, Storage(job.cfg.storage), part, f"kafka/{job.stream}", data, [*bad, *found], where, log_)
     try:
         staged = stage(batch)
     except Exception as exc:
         if not data_fault(exc):
             raise
-        staged = unstaged.part_without_faulty(batch, exc, lambda rows: _messages_rows(job, rows), stage, log_)
-    return StagedMessages(staged, batch.num_rows, batch.column("value").null_count, positions.message_ends(batch))
+        staged = unstaged.part_without_faulty(batch, exc, lambda rows: messages_rows(job, rows), stage, log_)
+    return StagedMessages(bad_written(job, [staged])[0], batch.num_rows, batch.column("value").null_count,
+                          positions.message_ends(batch))
 
 
-def _messages_rows(job: MessagesJob, batch: pa.Table) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
+def messages_rows(job: MessagesJob, batch: pa.Table) -> tuple[pa.Table | None, list[tuple[str, BadRow]]]:
+    """Messages decoded, conformed, stamped, tagged: where one may crash the task (daemon/pipeline/poison.py)."""
+    failpoints.reached_each("stage.message", lambda: (bytes(v or b"").decode("utf-8", "replace")
+                                                      for v in batch.column("value").to_pylist()))
     cfg = job.cfg
     source = cfg.kafka_source(job.stream)
     assert source is not None
@@ -272,10 +285,7 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
             else:
                 log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
             table = table.filter(pa.array(~mask))
-    spilled = None
-    if len(bad) > SPILL_ROWS:
-        spilled, bad = write_staged(store, f"{job.staging}/{offset}.bad.arrow", bad_rows_table(bad)), []
-    common = {"found": True, "bad": tuple(bad), "late": late, "worker": where, "spilled": spilled}
+    common = {"found": True, "bad": tuple(bad), "late": late, "worker": where}
     if table is None:
         return Staged(offset, location, **common)
     done = {"rows": table.num_rows, "schema": table.schema,
