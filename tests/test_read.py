@@ -180,6 +180,10 @@ def test_dictionaries_of_any_values_at_any_depth_are_conformed_to_their_values()
     assert conform(table, target).table.to_pylist() == table.to_pylist()
 
 
+def _bool8(values: list) -> pa.ExtensionArray:
+    return pa.ExtensionArray.from_storage(pa.bool8(), pa.array(values, pa.int8()))
+
+
 def test_landed_parquet_types_delta_has_not_are_read_as_ones_it_has_and_a_lost_nanosecond_is_a_bad_row(tmp_path):
     path = tmp_path / "odd.parquet"
     pq.write_table(pa.table({
@@ -188,10 +192,16 @@ def test_landed_parquet_types_delta_has_not_are_read_as_ones_it_has_and_a_lost_n
         "time": pa.array([1, 2, None], pa.time64("us")),
         "tags": pa.ListArray.from_arrays(pa.array([0, 1, 2, 3]), _dictionary([0, 1, 0], pa.array(["x", "y"]))),
         "at": pa.array([1000, 1001, None], pa.timestamp("ns")),
+        "flag": _bool8([1, 0, 7]),
+        "flags": pa.ListArray.from_arrays(pa.array([0, 2, 2, 3]), _bool8([0, 1, None])),
     }), path)
     read = read_file(path, ParquetFormat(kind="parquet"), None)
     assert [(b.field, b.reason.split(":")[0]) for b in read.bad] == [("at", "column 'at'")]  # row 2 alone
     assert read.table.schema.field("half").type == pa.float32() and read.table.schema.field("time").type == pa.string()
+    # bool8 (a byte a boolean) is a boolean: its storage type, int8, would have made the table's column a `byte`
+    assert read.table.schema.field("flag").type == pa.bool_()
+    assert read.table.schema.field("flags").type == pa.list_(pa.bool_())
     assert read.table.to_pylist() == [
-        {"id": 1, "half": 1.5, "time": "00:00:00.000001", "tags": ["x"], "at": datetime(1970, 1, 1, 0, 0, 0, 1, UTC)},
-        {"id": 3, "half": None, "time": None, "tags": ["x"], "at": None}]
+        {"id": 1, "half": 1.5, "time": "00:00:00.000001", "tags": ["x"], "at": datetime(1970, 1, 1, 0, 0, 0, 1, UTC),
+         "flag": True, "flags": [False, True]},
+        {"id": 3, "half": None, "time": None, "tags": ["x"], "at": None, "flag": True, "flags": [None]}]

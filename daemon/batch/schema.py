@@ -72,6 +72,7 @@ def delta_compatible(schema: pa.Schema) -> pa.Schema:
 def _storable(t: pa.DataType) -> pa.DataType:
     """`t` with the types Delta has no type for, at any depth, made ones it has without losing a value: views plain,
     half floats single, decimals of 32, 64 or (up to 38 digits) 256 bits 128, times of day text (as CDM's `time`),
+    bool8 (a boolean a byte, whose storage type Delta's log showed as `byte`) boolean,
     unsigned integers signed 64-bit ones (past 2^63 a row's failure, found when cast). A nested uint8 left as it was
     became Delta's `byte` in the log while the Parquet file held 200: no reader could read the table any more. A
     table made before with such a type keeps it: rows whose values it cannot hold are quarantined. Nested
@@ -88,6 +89,8 @@ def _storable(t: pa.DataType) -> pa.DataType:
         return pa.decimal128(t.precision, t.scale)
     if pa.types.is_time(t):
         return pa.string()
+    if isinstance(t, pa.BaseExtensionType) and t.extension_name == "arrow.bool8":  # one byte a boolean: a boolean
+        return pa.bool_()
     return _nested(t, _storable)
 
 
