@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -205,3 +206,17 @@ def test_landed_parquet_types_delta_has_not_are_read_as_ones_it_has_and_a_lost_n
         {"id": 1, "half": 1.5, "time": "00:00:00.000001", "tags": ["x"], "at": datetime(1970, 1, 1, 0, 0, 0, 1, UTC),
          "flag": True, "flags": [False, True]},
         {"id": 3, "half": None, "time": None, "tags": ["x"], "at": None, "flag": True, "flags": [None]}]
+
+
+def test_a_landed_decimal_of_more_than_38_digits_refuses_its_file_with_what_to_send(tmp_path):
+    """Delta's decimals hold 38 digits: no row of such a column can be placed, at any depth, so the file is one bad
+    row saying so (quarantined by name), not a table that would fail later."""
+    wide = pa.decimal256(40, 2)
+    for name, column in (("plain", pa.array([Decimal("1.50")], wide)),
+                         ("nested", pa.array([[Decimal("1.50")]], pa.list_(wide)))):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"id": [1], "amount": column}), path)
+        read = read_file(path, ParquetFormat(kind="parquet"), None)
+        assert read.table is None
+        [bad] = read.bad
+        assert bad.field == "amount" and "Delta decimals hold at most 38 digits" in bad.reason, bad
