@@ -284,8 +284,19 @@ def _captured(work: Callable[[Job], Out], job: Job) -> tuple[bool, Any]:
     try:
         return False, work(job)
     except Exception as exc:
+        return True, _travelling(exc)
+
+
+def _travelling(exc: Exception) -> Exception:
+    """`exc`, or, if it cannot be pickled, its text as the nearest built-in exception it is: what kind of fault it
+    is (an OSError the store's, an AttributeError a bug: pipeline/verdict.py) must reach the driver, which a
+    RuntimeError would have made a data fault, parking the batch."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001 - an exception that cannot travel goes as its text
+        builtin = next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
         try:
-            pickle.dumps(exc)
-        except Exception:  # noqa: BLE001 - an exception that cannot travel goes as its text
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        return True, exc
+            return builtin(f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - one whose constructor wants more (UnicodeDecodeError)
+            return RuntimeError(f"{type(exc).__name__}: {exc}")
