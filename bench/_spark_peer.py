@@ -27,6 +27,24 @@ from urllib.parse import unquote, urlparse
 
 from _common import BenchError, kill_group, log_tail  # bench/ is the script folder, so on sys.path
 
+# More Spark conf for the peer in a smoke run (the benches' `--peer-conf`), sized for a table of a few files. Delta
+# rebuilds a table's state after a commit in spark.databricks.delta.snapshotPartitions tasks, 50 by default, each of
+# which generates code: for the s3_notify smoke's table of 11 files, on a busy 2-core machine, its peer's batch of 10
+# files took 80 s and its files were visible 90 s after their PUTs; 11 s with 2 tasks.
+SMOKE_CONF = ["spark.databricks.delta.snapshotPartitions=2"]
+
+
+def add_conf_argument(parser: argparse.ArgumentParser) -> None:
+    """A bench's `--peer-conf KEY=VALUE` (repeatable): Spark conf the peer gets beside its own (none by default)."""
+    parser.add_argument("--peer-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Spark conf for the Spark peer (repeatable; none by default, smoke: "
+                             f"{' '.join(SMOKE_CONF)})")
+
+
+def conf_args(conf: list[str]) -> list[str]:
+    """`--peer-conf` values as the peer's own `--conf` arguments."""
+    return [f"--conf={item}" for item in conf]
+
 
 def start(args: list[str], log_path: Path) -> subprocess.Popen:
     """Run this file with `args` (its stderr into `log_path`) until it prints `ready`; the caller stops it."""

@@ -38,7 +38,8 @@ completed and every check passed (whether or not the ratio goal is met), 1 other
 
     python bench/cdc_merge.py [--sizes 1000000,10000000] [--changes 100000] [--repeat 1] [--keep] [--smoke]
 
-`--smoke`: a table of 20k rows, 1,000 changes, every variant, in about a minute (a Spark session for bare_spark).
+`--smoke`: a table of 20k rows, 1,000 changes, every variant, in about a minute (a Spark session for bare_spark,
+sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's SMOKE_CONF).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ CATEGORIES = np.array(["books", "games", "garden", "grocery", "music", "sports",
 _TS = pa.timestamp("us", tz="UTC")
 _T0 = int(np.datetime64("2024-01-01T00:00:00", "us").astype(np.int64))
 VARIANTS = ("bare", "lakefeed", "bare_nocdf", "bare_spark")
-SMOKE = {"sizes": "20000", "changes": 1000, "file_rows": 10_000, "timeout": 300.0}
+SMOKE = {"sizes": "20000", "changes": 1000, "file_rows": 10_000, "timeout": 300.0,
+         "peer_conf": _spark_peer.SMOKE_CONF}
 # The plain merge a user would write for "last write by seq wins, IsDelete deletes".
 BARE_ON = "t.id = s.id"
 BARE_DELETE = "s.IsDelete AND s.seq >= t.seq"
@@ -268,7 +270,8 @@ def child_bare(spec: dict[str, Any]) -> dict[str, Any]:
 def child_bare_spark(spec: dict[str, Any]) -> dict[str, Any]:
     from delta.tables import DeltaTable as SparkDeltaTable
 
-    spark = _spark_peer.session(["delta"], "local[2]", {"spark.driver.memory": "4g"})
+    conf = dict(item.split("=", 1) for item in spec.get("peer_conf", []))
+    spark = _spark_peer.session(["delta"], "local[2]", {"spark.driver.memory": "4g", **conf})
     mem = Memory(spark.sparkContext._gateway.proc.pid)  # spark-submit execs the JVM: the merge's memory is there
     mem.mark("session")
     reduced = spark.read.parquet(spec["reduced"]).cache()
@@ -549,7 +552,8 @@ def bench_size(n: int, args: argparse.Namespace, work: Path, deadline: Deadline)
             run_dir.mkdir()
             shutil.copytree(base, run_dir / "table")
             spec = {"variant": variant, "table": str(run_dir / "table"), "run_dir": str(run_dir),
-                    "changes": str(size_dir / "changes.parquet"), "reduced": str(size_dir / "reduced.parquet")}
+                    "changes": str(size_dir / "changes.parquet"), "reduced": str(size_dir / "reduced.parquet"),
+                    "peer_conf": args.peer_conf}
             out = run_child(spec, size_dir / f"spec_{variant}_{r}.json", deadline)
             say(f"{n:,} rows: {variant} run {r + 1}/{args.repeat}: {out['seconds']:.2f}s, "
                 f"peak {out['process_peak_kib'] / 1024:.0f} MiB (call: +{_growth(out):.0f} MiB)")
@@ -617,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the tables and batches")
     p.add_argument("--timeout", type=float, default=3600.0, help="overall deadline in seconds (default 3600)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    _spark_peer.add_conf_argument(p)
     args = parse_args(p, argv, SMOKE)
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child.read_text(encoding="utf-8")))), flush=True)

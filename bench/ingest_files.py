@@ -23,7 +23,8 @@ run completed (whether or not the ratio goal is met), 1 on failure or timeout.
 
     python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
 
-`--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon, the peer and both floors, in seconds.
+`--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon, the peer (sized for a tiny table:
+`--peer-conf`, bench/_spark_peer.py's SMOKE_CONF) and both floors, in seconds.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ COST_FILES = 8  # files the CPU of each step is measured on (_row_costs.py)
 GOAL_VS_SPARK = 1.5
 SEED = 20240601
 LAKEFEED = Path(sys.executable).parent / "lakefeed"
-SMOKE = {"files": 6, "rows": 1000, "max_files_per_trigger": 2, "timeout": 300.0}
+SMOKE = {"files": 6, "rows": 1000, "max_files_per_trigger": 2, "timeout": 300.0,
+         "peer_conf": _spark_peer.SMOKE_CONF}
 
 CONFIG = """\
 lake_dir: lake
@@ -316,7 +318,8 @@ def run_spark_peer(work: Path, staging: Path, names: list[str], rows: int, args,
     log_path = peer / "spark.log"
     t0 = time.time()
     proc = _spark_peer.start(["csv", str(landing), str(table), str(peer / "checkpoint"), "--schema", PEER_SCHEMA,
-                              "--trigger", str(args.trigger_interval), "--master", getattr(args, "master", "local[2]")],
+                              "--trigger", str(args.trigger_interval), "--master", getattr(args, "master", "local[2]"),
+                              *_spark_peer.conf_args(getattr(args, "peer_conf", []))],
                              log_path)
     try:
         startup_s = time.time() - t0
@@ -415,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
     p.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
                    help="lakefeed's Delta writer (default delta-rs, the default config's)")
+    _spark_peer.add_conf_argument(p)
     args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
 

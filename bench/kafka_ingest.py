@@ -48,7 +48,8 @@ completed (whether or not the goal is met), 1 on failure or timeout.
                                  [--max-offsets 200000,500000] [--profile] [--keep] [--smoke]
 
 `--smoke`: 10k messages in 2 partitions, one daemon run of 5k messages per trigger between two raw rounds,
-and the components, in about a minute.
+the peer (sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's SMOKE_CONF) and the components, in about a
+minute.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ GOAL_VS_SPARK = 1.0
 PEER_SCHEMA = "id long, customer string, amount double, ts timestamp, country string"
 MAX_RECORDS = 100_000  # per poll() of the raw loop
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SMOKE = {"messages": 10_000, "partitions": 2, "max_offsets": "5000", "timeout": 300.0}
+SMOKE = {"messages": 10_000, "partitions": 2, "max_offsets": "5000", "timeout": 300.0,
+         "peer_conf": _spark_peer.SMOKE_CONF}
 COUNTRIES = ["DE", "FR", "NL", "US", "GB", "ES", "IT", "PL", "SE", "JP"]
 
 CONFIG = """\
@@ -509,7 +511,7 @@ def run_spark_peer(work: Path, broker: Broker, messages: int, max_offsets: int, 
     table, checkpoint, log_path = work / "table", work / "checkpoint", work / "spark.log"
     proc = _spark_peer.start(["kafka", broker.bootstrap, TOPIC, str(table), str(checkpoint), "--schema", PEER_SCHEMA,
                               "--max-offsets", str(max_offsets), "--trigger", str(args.trigger_interval),
-                              "--jars", "delta,kafka"], log_path)
+                              "--jars", "delta,kafka", *_spark_peer.conf_args(args.peer_conf)], log_path)
     try:
         rows, commits, seen = 0, [], set()
         while rows < messages:
@@ -708,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", type=float, default=2400.0, help="overall deadline in seconds (default 2400)")
+    _spark_peer.add_conf_argument(p)
     args = parse_args(p, argv, SMOKE)
     deadline = Deadline(args.timeout)
     caps = [int(x) for x in args.max_offsets.split(",") if x.strip()]

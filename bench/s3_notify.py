@@ -56,7 +56,8 @@ are met), 1 otherwise.
     python bench/s3_notify.py [--rate 10] [--seconds 60] [--rows 10] [--modes notify,listing]
                               [--reconcile-interval 1] [--trigger 1] [--poll 0.2] [--keep] [--workdir DIR] [--smoke]
 
-`--smoke`: notification mode and the Spark peer, 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
+`--smoke`: notification mode and the Spark peer (sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's
+SMOKE_CONF), 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ COMMIT_FILE = re.compile(r"(\d{20})\.json$")
 GOAL_P50_S, GOAL_P99_S = 1.5, 5.0
 GOAL_VS_SPARK = 0.5  # lakefeed's notify p50 over the Spark peer's
 WARMUP_FILE = -1
-SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "modes": "notify,spark", "timeout": 300.0}
+SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "modes": "notify,spark", "timeout": 300.0,
+         "peer_conf": _spark_peer.SMOKE_CONF}
 
 os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
 os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "WHEN_REQUIRED")
@@ -136,7 +138,7 @@ def run_spark(moto: Moto, work: Path, args: argparse.Namespace, deadline: Deadli
     checkpoint = work / "checkpoint"
     peer_args = ["csv", f"s3a://{LANDING}/sales/", f"s3a://{LAKE}/{SPARK_TABLE}", str(checkpoint), "--schema",
                  "id long, file long, row long", "--trigger", str(args.trigger), "--jars", "delta,s3a", "--recursive",
-                 *(f"--conf={key}={value}" for key, value in s3a.items())]
+                 *(f"--conf={key}={value}" for key, value in s3a.items()), *_spark_peer.conf_args(args.peer_conf)]
     log_path = work / "spark.log"
     s3 = moto.client("s3")
     seen_commits: dict[str, str] = {}
@@ -628,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the workdir (always kept when --workdir is given)")
     p.add_argument("--timeout", type=float, default=1200.0, help="overall deadline in seconds (default 1200)")
     p.add_argument("--moto-server", action="store_true", help=argparse.SUPPRESS)
+    _spark_peer.add_conf_argument(p)
     args = parse_args(p, argv, SMOKE)
     if args.moto_server:
         return serve_moto()

@@ -112,7 +112,8 @@ def check_scale_out(r: dict[str, Any]) -> None:
                  "two_executors.rows_per_s", "two_executors.cpu_s.executor_python",
                  "two_executors.tasks_cpu_us_per_row")
         for run in (load["one_executor"], load["two_executors"]):
-            assert run["rows"] == r["rows"] and run["batches"] >= 1 and run["warm_loads_rows_per_s"][0] > 0
+            assert run["rows"] == r["rows"] and run["batches"] >= 1
+            assert all(v > 0 for v in run["warm_loads_rows_per_s"])  # the smoke makes none (--warm-loads 0)
             assert run["cpu_s"]["driver_jvm"] > 0  # the JVM counted as the JVM (not as the process that started it)
 
 
