@@ -272,9 +272,11 @@ def run_lakefeed(work: Path, staging: Path, names: list[str], rows: int, args, d
         say(f"all files visible: {total_rows} rows in {len(commits)} commits, {elapsed:.2f}s after first landing")
         say("stopping the daemon (SIGTERM)")
         t_stop = time.time()
-        code = stop_daemon(proc, timeout=min(120.0, max(deadline.left(), 5.0)))
+        wait_s = min(120.0, max(deadline.left(), 5.0))  # what is left of the run's deadline, at least 5 s
+        code = stop_daemon(proc, timeout=wait_s)
         if code is None:
-            raise BenchError("daemon did not exit within 120s of SIGTERM")
+            raise BenchError(f"daemon did not exit within {wait_s:.0f}s of SIGTERM (all that was left of the "
+                             f"run's {deadline.seconds:.0f}-s deadline, up to 120 s)")
         say(f"daemon exited with {code} after {time.time() - t_stop:.1f}s")
         result = {
             "startup_s": round(startup_s, 2),
