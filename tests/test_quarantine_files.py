@@ -47,7 +47,7 @@ def mixed_batch(tmp_path, request, monkeypatch):
     monkeypatch.setattr(tasks, "stage", lambda job: staged.extend(out := stage(job)) or out)
     lines = [f"{i},{i}.5" for i in range(GOOD)] + [f"{i},x{i}" for i in range(GOOD, GOOD + BAD)]
     mixed = land(root / "mixed.csv", "id,amount\n" + "\n".join(lines) + "\n")
-    return cfg, pipeline, inbox.offer([FileEvent.of(mixed)]), staged
+    return cfg, pipeline, inbox.offer([FileEvent.of(mixed)]), staged, inbox
 
 
 def _expected_bad() -> list[tuple[int, str]]:
@@ -70,7 +70,7 @@ def test_the_task_writes_the_bad_rows_and_a_retry_after_the_quarantine_commit_ta
                                                                                               monkeypatch):
     """The changelog's commit fails once (a store fault) after the quarantine's: the batch is tried again, its
     tasks write the bad rows again, and those files are removed, not committed."""
-    cfg, pipeline, batch, staged = mixed_batch
+    cfg, pipeline, batch, staged, _ = mixed_batch
     _fail_once(monkeypatch, pipeline.sinks.changelog, OSError("the store went away"))
     with pytest.raises(OSError, match="the store went away"):
         pipeline.process(batch, 1)
@@ -86,12 +86,14 @@ def test_the_task_writes_the_bad_rows_and_a_retry_after_the_quarantine_commit_ta
     assert all("is not a valid double" in r["reason"] for r in quarantine)
     assert sorted(r["id"] for r in _rows(cfg.table)) == [0, 1, 2, 100]
     assert _held(cfg.quarantine) == (in_log, in_log)  # the retry's copy is gone
+    changelog_log, changelog_folder = _held(cfg.changelog)
+    assert changelog_log == changelog_folder  # and the changelog file of the commit that failed
     pipeline.process(batch, 1)  # a replay: nothing twice
     assert len(_rows(cfg.quarantine)) == BAD and len(_rows(cfg.table)) == GOOD + 1
 
 
 def test_files_of_an_attempt_that_died_before_the_commit_are_removed_by_the_next_start(mixed_batch, monkeypatch):
-    cfg, pipeline, batch, _ = mixed_batch
+    cfg, pipeline, batch, _, _ = mixed_batch
     _fail_once(monkeypatch, pipeline.sinks.quarantine, OSError("the store went away"))
     with pytest.raises(OSError, match="the store went away"):
         pipeline.process(batch, 1)
@@ -104,9 +106,24 @@ def test_files_of_an_attempt_that_died_before_the_commit_are_removed_by_the_next
     assert in_log == in_folder and not in_log & left and len(_rows(cfg.quarantine)) == BAD
 
 
+def test_files_of_a_commit_that_failed_are_removed_when_its_retry_commits(mixed_batch, monkeypatch):
+    """In the same process, after its first sweep: the batch before had bad rows too."""
+    cfg, pipeline, batch, _, inbox = mixed_batch
+    assert pipeline.process(batch, 1).quarantined == BAD
+    again = inbox.offer([FileEvent.of(land(cfg.source.path / "sales" / "again.csv", "id,amount\n7,x7\n"))])
+    _fail_once(monkeypatch, pipeline.sinks.quarantine, OSError("the store went away"))
+    with pytest.raises(OSError, match="the store went away"):
+        pipeline.process(again, 2)
+    in_log, in_folder = _held(cfg.quarantine)
+    [left] = in_folder - in_log
+    assert pipeline.process(again, 2).quarantined == 1  # the same process tries it again
+    in_log, in_folder = _held(cfg.quarantine)
+    assert in_log == in_folder and left not in in_log and len(_rows(cfg.quarantine)) == BAD + 1
+
+
 def test_a_parked_batch_parks_the_bad_rows_its_tasks_wrote_too(mixed_batch, monkeypatch):
     """The quarantine refuses the batch's bad rows (a data fault): the batch is parked, its bad rows with it."""
-    cfg, pipeline, batch, _ = mixed_batch
+    cfg, pipeline, batch, _, _ = mixed_batch
     refused = "Schema error: the table refuses this batch"
     _fail_once(monkeypatch, pipeline.sinks.quarantine, Exception(refused))  # delta-rs's refusals are bare
     result = pipeline.process(batch, 1)

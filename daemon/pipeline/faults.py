@@ -35,6 +35,7 @@ def commit_or_park(committer: Committer, commit: Callable[[], None], staged: lis
         commit()
         return
     except Exception as exc:
+        committer.staging.failed(result.batch_id)  # its tasks' files are looked for when it commits
         if not data_fault(exc) or _partly_committed(committer, result.batch_id):
             raise  # a batch some table already holds is completed on replay, never parked in part
         reason = f"the table refused this batch ({type(exc).__name__}: {str(exc)[:500]}); nothing of it was applied"

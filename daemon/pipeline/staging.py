@@ -29,6 +29,7 @@ class Staging:
         self.cfg = cfg
         self.token = hashlib.sha256(app_id.encode()).hexdigest()[:10]  # in the names of the files its tasks write
         self._swept: set[str] = set()  # the tables swept since the start
+        self._failed: set[int] = set()  # batches whose commit failed here: their files may lie beside the tables
 
     def url(self, batch_id: int) -> str:
         """Where a batch's tasks stage the rows they read."""
@@ -55,11 +56,19 @@ class Staging:
                    ((changelog, str(self.cfg.changelog), [f for w in written for f in w.changelog]),
                     (table, str(self.cfg.table), [f for w in written for f in w.table])), log_)
 
+    def failed(self, batch_id: int) -> None:
+        """The batch's commit failed (a store fault: it is tried again): what its tasks wrote is looked for when
+        it commits."""
+        self._failed.add(batch_id)
+
     def sweep(self, batch_id: int, retried: bool, written: Iterable[tuple[TableSink, str, list[DataFile]]],
               log_: Any) -> None:
         """Files of the batch that an earlier attempt of it wrote and no table holds (a task retried, a crash
-        before the commit) go: looked for on the first batch after a start, and after a batch with a retried task
-        (`written`: each table, where it is, and the files the batch committed to it)."""
+        before the commit, a commit that failed) go: looked for on the first batch after a start, and after a batch
+        with a retried task or a failed commit (`written`: each table, where it is, and the files the batch
+        committed to it)."""
+        retried = retried or batch_id in self._failed
+        self._failed = {b for b in self._failed if b >= batch_id}  # batches before this one are committed
         store = Storage(self.cfg.storage)
         start = data_files.prefix(self.token, batch_id)
         for sink, location, files in written:
