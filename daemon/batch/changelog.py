@@ -54,19 +54,12 @@ def assemble(front: pa.Table, data: pa.Table, source_file: pa.ChunkedArray | pa.
     return out.append_column("batch_id", pa.array(np.full(front.num_rows, batch_id, dtype=np.int64)))
 
 
-def bad_rows_table(bad: Sequence[tuple[str, BadRow]]) -> pa.Table:
-    """Bad rows as a task stages them when they are many (daemon/pipeline/tasks.py): the quarantine's own columns."""
-    return pa.table({"source_file": [path for path, _ in bad], "line": [row.line for _, row in bad],
+def quarantine_table(entity: str, bad: Sequence[tuple[str, BadRow]], batch_id: int, system_time: datetime) -> pa.Table:
+    """The quarantine's rows of a batch's bad rows."""
+    n = len(bad)
+    rows = pa.table({"source_file": [path for path, _ in bad], "line": [row.line for _, row in bad],
                      "reason": [row.reason for _, row in bad], "raw": [row.raw for _, row in bad]},
                     schema=_BAD_SCHEMA)
-
-
-def quarantine_table(entity: str, bad: Sequence[tuple[str, BadRow]], batch_id: int, system_time: datetime,
-                     staged: Sequence[pa.Table] = ()) -> pa.Table:
-    """The quarantine's rows of a batch: `bad`, and those tasks staged (`bad_rows_table`)."""
-    parts = [bad_rows_table(bad), *(t.select(_BAD_SCHEMA.names) for t in staged)]
-    rows = pa.concat_tables([t for t in parts if t.num_rows] or parts[:1])
-    n = rows.num_rows
     return pa.table([pa.array([entity] * n, pa.string()), *rows.columns, pa.array(np.full(n, batch_id, np.int64)),
                      pa.array([system_time] * n, QUARANTINE_SCHEMA.field("system_time").type)],
                     schema=QUARANTINE_SCHEMA)
