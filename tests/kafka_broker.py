@@ -69,6 +69,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cluster_id() -> str:
+    """A random KRaft cluster id, as Kafka's `Uuid.randomUuid` makes them: never starting with "-", which
+    StorageTool's parser would take for an option (the format then exits 1)."""
+    while True:
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster.startswith("-"):
+            return cluster
+
+
 class Broker:
     """One tansu process on 127.0.0.1:`port` (a free port unless given); `external` uses that broker instead."""
 
@@ -165,7 +174,7 @@ class ApacheKafka(Broker):
         properties = self.folder / "server.properties"
         properties.write_text(KRAFT_PROPERTIES.format(bootstrap=self.bootstrap, controller=free_port(),
                                                       logs=self.folder / "data"))
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = cluster_id()
         with open(self.log, "ab") as out:
             subprocess.run([java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--ignore-formatted",
                             "-t", cluster, "-c", str(properties)], stdout=out, stderr=subprocess.STDOUT, check=True,

@@ -3,6 +3,7 @@ Spark."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -29,7 +30,7 @@ from lakefeed.connectors.sources.kafka_source import (
 )
 from lakefeed.errors import TransientError
 from tests.conftest import wait_for
-from tests.kafka_broker import EXTERNAL_ENV, ApacheKafka, Broker, free_port
+from tests.kafka_broker import EXTERNAL_ENV, ApacheKafka, Broker, cluster_id, free_port
 
 Row = tuple[str, int, int, Any]  # topic, partition, offset, decoded value
 
@@ -330,6 +331,13 @@ def test_key_headers_and_timestamp_come_through(kspark, kafka_broker, tmp_path):
                                                    {"key": "empty", "value": b""}])
     assert (two["key"], two["headers"], json.loads(two["value"])) == (None, None, {"n": 2})
     assert before <= one["timestamp"].astimezone(UTC) <= after
+
+
+def test_the_test_brokers_cluster_ids_never_read_as_an_option():
+    # 1 in 64 random ids began with "-", and StorageTool then refused to format (the fixture's 10 errors of a CI run)
+    ids = {cluster_id() for _ in range(5_000)}
+    assert len(ids) == 5_000 and not any(cluster.startswith("-") for cluster in ids)
+    assert all(len(base64.urlsafe_b64decode(cluster + "==")) == 16 for cluster in ids)
 
 
 def test_arrow_schema_is_what_spark_expects(kspark):
