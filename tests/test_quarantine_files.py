@@ -7,7 +7,9 @@ tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +19,7 @@ from deltalake import DeltaTable
 from lakefeed.batch import read
 from lakefeed.config import model as config
 from lakefeed.inbox.files import FileEvent
-from lakefeed.pipeline import tasks
+from lakefeed.pipeline import keyed, tasks
 from tests.conftest import entity_yaml, land, write_config
 from tests.test_pipeline import _pipeline, _prepared
 
@@ -135,6 +137,35 @@ def test_a_parked_batch_parks_the_bad_rows_its_tasks_wrote_too(mixed_batch, monk
     assert sorted(r["id"] for r in _rows(cfg.table)) == [100]
     in_log, in_folder = _held(cfg.quarantine)
     assert in_log == in_folder
+
+
+def test_a_fused_reduction_done_again_for_a_moved_watermark_leaves_none_of_its_files(tmp_path, monkeypatch):
+    """A keyed batch of one task is staged and reduced by it, with the watermark of its start; when the commit finds
+    another (a batch of the entity's other stream committed in between), it reduces again, and the late rows the
+    first reduction wrote to the quarantine go with it."""
+    event_time = {"source": "column", "column": "ts", "allowed_lateness_s": 0, "late_policy": "quarantine"}
+    entity = entity_yaml(cdc={"strategy": "upsert", "primary_key": ["id"]}, event_time=event_time)
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+    root = cfg.source.path / "sales"
+    first = land(root / "a.csv", "id,ts\n1,2024-01-01T11:00:00Z\n9,never\n")  # the quarantine is swept once here
+    assert pipeline.process(inbox.offer([FileEvent.of(first)]), 0).quarantined == 1
+    in_one_task, fused = keyed.in_one_task, []
+
+    def later_at_start(*args):  # the task saw a watermark the commit no longer finds
+        work, job, what = in_one_task(*args)
+        fused.append(job := dataclasses.replace(job, watermark=datetime(2024, 1, 2, tzinfo=UTC)))
+        return work, job, what
+
+    monkeypatch.setattr(keyed, "in_one_task", later_at_start)
+    late = land(root / "b.csv", "id,ts\n2,2024-01-01T10:00:00Z\n3,2024-01-01T12:00:00Z\n")
+    result = pipeline.process(inbox.offer([FileEvent.of(late)]), 1)
+    assert len(fused) == 1  # the batch was fused: its task reduced it, both rows late by its watermark
+    assert (result.rows, result.late, result.quarantined) == (1, 1, 1)  # by the commit's: 10:00 only
+    assert sorted(r["id"] for r in _rows(cfg.table)) == [1, 3]
+    late_rows = [json.loads(r["raw"])["id"] for r in _rows(cfg.quarantine) if r["reason"].startswith("late")]
+    assert late_rows == ["2"]
+    in_log, in_folder = _held(cfg.quarantine)
+    assert in_log == in_folder and len(in_log) == 2
 
 
 def test_one_value_in_a_large_column_that_does_not_cast_is_found_in_slices(monkeypatch):

@@ -164,10 +164,10 @@ class Committer:
         """The batch's bad rows put in quarantine, once: the files its tasks wrote (`written`), and `bad`, found
         here; how many they are."""
         parts = list(written)
-        files = [f for part in parts for f in part.files]
         if self.done(self.sinks.quarantine, batch_id):
-            quarantine_files.discard(self.cfg, files, log_)  # this replay's copies
+            quarantine_files.discard(self.cfg, parts, log_)  # this replay's copies
             return sum(part.rows for part in parts) + len(bad)
+        files = [f for part in parts for f in part.files]
         if bad:
             name = self.staging.quarantine_name(batch_id)
             parts.append(quarantine_files.write(self.cfg, bad, batch_id, checked_at, name))

@@ -28,7 +28,7 @@ from lakefeed.inbox.storage import Mirror, Storage
 from lakefeed.manifests.base import manifests_of
 from lakefeed.manifests.cdm import ManifestKeeper, declared_schema, ensure_entity, partition_record, schema_document
 from lakefeed.odf.chain import OdfChain
-from lakefeed.pipeline import keyed, poison, snapshots, tasks
+from lakefeed.pipeline import keyed, poison, quarantine_files, snapshots, tasks
 from lakefeed.pipeline.commit import SNAPSHOT_KEY, BatchResult, ChangelogOffsets, Committer
 from lakefeed.pipeline.compaction import Compactor
 from lakefeed.pipeline.faults import commit_or_park, park_staged
@@ -292,6 +292,9 @@ class EntityPipeline:
             if fused is not None and fused.watermark == watermark:
                 done, reducers = keyed.fused_reduction(self.cfg, fused)
             else:
+                if fused is not None:  # reduced again: what the task's reduction wrote is no commit's
+                    quarantine_files.discard(self.cfg, fused.quarantined(), log_,
+                                             "bad rows of a reduction done again, the watermark having moved")
                 done, reducers = keyed.reduce_staged(self.spread, self.cfg, staged, batch_id,
                                                      committer.staging.url(batch_id), checked_at, watermark, snapshot,
                                                      tuple(retracted), numbered)

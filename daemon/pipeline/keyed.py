@@ -278,6 +278,12 @@ class Fused:
     staged: tuple[tasks.Staged, ...]
     reduced: Reduction | tuple[Reduced, ...]  # each bucket's; or the reduction of a batch without rows
 
+    def quarantined(self) -> tuple[Quarantined, ...]:
+        """The files of bad rows the reduction wrote."""
+        if isinstance(self.reduced, Reduction):
+            return self.reduced.quarantined
+        return tuple(q for done in self.reduced for q in done.reduction.quarantined)
+
 
 def stage_and_reduce(job: FusedJob) -> Fused:
     """Stage the batch's rows and reduce them, each bucket as its own task would (one Spark job instead of two: a

@@ -58,15 +58,17 @@ def write(cfg: EntityConfig, bad: Sequence[tuple[str, BadRow]], batch_id: int, c
     return Quarantined(tuple(files), rows.num_rows, sample, tuple(Counter(path for path, _ in bad).items()))
 
 
-def discard(cfg: EntityConfig, files: Sequence[DataFile], log_: Any) -> None:
-    """Files no commit will take (the quarantine has the batch already): removed now."""
+def discard(cfg: EntityConfig, parts: Sequence[Quarantined], log_: Any,
+            reason: str = "bad rows of a replayed batch, whose quarantine commit was done") -> None:
+    """The files of bad rows no commit will take (the quarantine has the batch already; a reduction done again):
+    removed now."""
+    files = [f for part in parts for f in part.files]
     if not files:
         return
     out, root = Storage(cfg.storage).fs_of(cfg.quarantine)
     for file in files:
         out.delete_file(f"{root}/{file.path}")
-    log_.info("files.orphans_removed", table=str(cfg.quarantine), files=len(files),
-              reason="bad rows of a replayed batch, whose quarantine commit was done")
+    log_.info("files.orphans_removed", table=str(cfg.quarantine), files=len(files), reason=reason)
 
 
 def log_rows(log_: Any, parts: Sequence[Quarantined]) -> None:
