@@ -9,21 +9,24 @@ from __future__ import annotations
 import base64
 import json
 import signal
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from lakefeed.config import model as config_module
 from lakefeed.inbox import spool
 from lakefeed.intake.push_api import token_hash
-from lakefeed.pipeline import poison
+from lakefeed.pipeline import poison, staged_files, tasks
 from lakefeed.pipeline.verify import verify
 from tests.conftest import entity_yaml, land, wait_for, write_config
 from tests.kafka_broker import kafka_broker  # noqa: F401 - a fixture
 from tests.test_daemon_process import Daemon
 from tests.test_push_daemon import TOKEN, _post, _url
+from tests.test_stage_faults import _kafka, _messages
 
 
 def _rows(table) -> list[dict]:
@@ -137,6 +140,8 @@ class _Batch:
     def map(self, work, whole: bool, description: str) -> list:
         self.jobs.append(description)
         parts = [[m for part in self.parts for m in part]] if whole else self.parts
+        if getattr(work, "func", None) is poison.as_sent:  # base64 only: no task dies on it
+            return [("as sent", [m[:3] for m in part]) for part in parts if part]
         for task, part in enumerate(parts):
             if self.dies(part):
                 raise RuntimeError(f"Job aborted due to stage failure: Task {task} in stage 4.0 failed 1 times, most "
@@ -156,8 +161,9 @@ class _Batch:
         return _Batch([[m for p in self.parts for m in p if m[:2] == (topic, partition) and first <= m[2] <= last]],
                       self.dies, self.jobs)
 
-    def without(self, messages) -> _Batch:
-        return _Batch([[m for m in p if m[:3] not in messages] for p in self.parts], self.dies, self.jobs)
+    def without(self, ranges) -> _Batch:
+        return _Batch([[m for m in p if not any(m[:2] == r[:2] and r[2] <= m[2] <= r[3] for r in ranges)]
+                       for p in self.parts], self.dies, self.jobs)
 
     def value(self, topic: str, partition: int, offset: int) -> bytes | None:
         self.jobs.append("value")
@@ -202,9 +208,37 @@ def test_a_death_no_message_brings_back_alone_quarantines_nothing():
     assert [len(part) for part in poison.messages(flaky, _JOB, False, "batch 7")] == [1000, 10]
 
 
-def test_the_jobs_spent_on_dying_messages_are_bounded(monkeypatch):
-    monkeypatch.setattr(poison, "_JOBS", 30)
-    batch = _Batch(_parts({100, 200, 300}), _poisoned)
-    with pytest.raises(RuntimeError, match="Python worker exited unexpectedly"):
-        poison.messages(batch, _JOB, False, "batch 7")
-    assert len(batch.jobs) <= 1 + 30 + 3  # the cap, and a value job for each message found
+@pytest.mark.parametrize("cap", [30, 3, 0])
+def test_the_jobs_spent_on_dying_messages_are_bounded_and_then_the_suspects_go_as_sent(monkeypatch, cap):
+    """Past the cap, the ranges a message the task dies on may still be in are quarantined as sent (by tasks), and
+    the batch goes on: before, it failed, was tried again with a new cap, and failed again, for ever."""
+    monkeypatch.setattr(poison, "_JOBS", cap)
+    poisoned = {100, 200, 300}
+    batch = _Batch(_parts(poisoned), _poisoned)
+    outs = poison.messages(batch, _JOB, False, "batch 7")
+    decoded = [m for out in outs if isinstance(out, list) for m in out]
+    found = [out.staged.bad[0][1].line for out in outs if isinstance(out, poison.StagedMessages)]
+    as_sent = [m for out in outs if isinstance(out, tuple) for m in out[1]]
+    everything = sorted(m[:3] for part in _parts(set()) for m in part)
+    assert sorted(decoded + [("t", 0, o) for o in found] + as_sent) == everything  # each message once
+    assert not poisoned & {m[2] for m in decoded}  # none the task dies on was decoded
+    assert len(found) == len(set(found)) and set(found) <= poisoned
+    assert len(found) < len(poisoned) and as_sent  # the cap was reached, and then the rest went as sent
+    searching = [job for job in batch.jobs if job.endswith(("apart", "ranges"))]
+    assert len(searching) <= cap + 5  # the cap, and a ranges job each time the search looks at a part again
+
+
+def test_messages_quarantined_as_sent_are_written_by_their_task_as_they_were_sent(tmp_path):
+    """`as_sent` on a real piece: every value base64 in one quarantine file (a tombstone has none to keep), every
+    offset counted, so that the stream moves past them."""
+    cfg = _kafka(tmp_path)
+    values = [b'{"id": 1}', b"\xff\x00 not json", None, b'{"id": 4}']
+    staging = staged_files.folder(str(tmp_path / "staging"), "token", 3)
+    job = tasks.MessagesJob(cfg, "k", None, datetime.now(UTC), None, staging)
+    out = poison.as_sent(job, "the search gave up", _messages(*values), 1)
+    assert (out.messages, out.tombstones, out.ends, out.staged.rows) == (4, 1, {"t": {"0": 4}}, 0)
+    [written] = out.staged.quarantined.files
+    rows = pq.read_table(f"{cfg.quarantine}/{written.path}").to_pylist()
+    assert [(r["source_file"], r["line"], base64.b64decode(r["raw"])) for r in rows] == [
+        ("kafka/t/0", 0, values[0]), ("kafka/t/0", 1, values[1]), ("kafka/t/0", 3, values[3])]
+    assert all(r["reason"].startswith("the search gave up; raw: the message's value, base64") for r in rows)

@@ -244,11 +244,11 @@ class FrameParts:
         """The messages of a topic-partition from offset `first` to `last`."""
         return FrameParts(self._frame.where(_at(topic, partition, first, last)))
 
-    def without(self, messages: Sequence[tuple[str, int, int]]) -> FrameParts:
-        """All but these messages (topic, partition, offset), in the same partitions."""
+    def without(self, ranges: Sequence[tuple[str, int, int, int]]) -> FrameParts:
+        """All but the messages of these ranges (topic, partition, first and last offset), in the same partitions."""
         frame = self._frame
-        for topic, partition, offset in messages:
-            frame = frame.where(~_at(topic, partition, offset, offset))
+        for topic, partition, first, last in ranges:
+            frame = frame.where(~_at(topic, partition, first, last))
         return FrameParts(frame)
 
     def value(self, topic: str, partition: int, offset: int) -> bytes | None:

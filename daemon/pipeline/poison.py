@@ -13,9 +13,10 @@ units are looked for in the batch itself: the part whose task died is cut into i
 each decoded alone in a job over the batch filtered to it (`probe`: decoded as staged, nothing written), and a range
 whose task dies halved, until one message dies alone. That message is quarantined as its value (base64, not
 decoded), and the batch staged again without it, as if it had never been sent; its offset still counts, so the
-stream moves past it. A message costs a job per range of its part and one per halving, and three more (`_JOBS` at
-most a batch: past that the death is raised, as before). A death no piece brings back alone quarantines nothing: the
-batch is staged again whole, and if it dies again, that death is raised.
+stream moves past it. A message costs a job per range of its part and one per halving, and three more. A batch
+spends `_JOBS` at most so: past that, the ranges a message the task dies on may still be in are quarantined as sent
+(values base64, by tasks), so that the stream still moves on. A death no piece brings back alone quarantines nothing:
+the batch is staged again whole, and if it dies again, that death is raised.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 
 from lakefeed import log
+from lakefeed.batch import positions
 from lakefeed.batch.read import BadRow
 from lakefeed.inbox import spool
 from lakefeed.pipeline import tasks
@@ -46,6 +48,7 @@ _CAUSE = re.compile(r"most recent failure: (?:Lost task .*?\): )?(.*?)(?: Consid
 Stage = Callable[[Any], list[Staged]]
 Message = tuple[str, int, int]  # topic, partition, offset
 Range = tuple[str, int, int, int]  # topic, partition, first and last offset
+_COORDINATES = ("topic", "partition", "offset", "value")
 # The jobs a Kafka batch may spend finding the messages its tasks die on: some 25 for each in a part of 500,000
 # messages (the default `max_offsets_per_trigger`), so ten such messages a batch at the least.
 _JOBS = 256
@@ -137,7 +140,7 @@ class Pieces(Protocol):
 
     def only(self, topic: str, partition: int, first: int, last: int) -> Pieces: ...
 
-    def without(self, messages: Sequence[Message]) -> Pieces: ...
+    def without(self, ranges: Sequence[Range]) -> Pieces: ...
 
     def value(self, topic: str, partition: int, offset: int) -> bytes | None: ...
 
@@ -157,18 +160,21 @@ def messages(parts: Parts, job: MessagesJob, whole: bool, description: str) -> l
 def _without_dying(parts: Pieces, job: MessagesJob, whole: bool, description: str,
                    exc: BaseException) -> list[StagedMessages]:
     stage, jobs = partial(tasks.stage_messages, job), _Jobs(_JOBS)
-    dead: list[Message] = []
+    dead: list[Range] = []
     quarantined: list[StagedMessages] = []
     while True:
         task = died(exc)
         _log.warning("batch.task_died", entity=job.cfg.name, stream=job.stream, task=task, error=_cause(exc),
                      action="decoding its messages apart, to find the message the task dies on")
         rest = parts.without(dead)
-        if (found := _dying(rest, job, None if whole else task, description, exc, jobs)) is not None:
+        found = _dying(rest, job, None if whole else task, description, exc, jobs) or None
+        if isinstance(found, list):  # no jobs left to look further: the ranges still suspected go as they are
+            dead.extend(found)
+            quarantined.extend(_as_sent(rest, job, found, description, _cause(exc)))
+        elif found is not None:
             message, cause = found
-            dead.append(message)
+            dead.append((*message, message[2]))
             quarantined.append(_message_quarantined(rest, job, message, cause))
-        jobs.spend(exc)
         try:
             return [*parts.without(dead).map(stage, whole, f"{description}: decode again"), *quarantined]
         except Exception as again:
@@ -178,18 +184,21 @@ def _without_dying(parts: Pieces, job: MessagesJob, whole: bool, description: st
 
 
 def _dying(parts: Pieces, job: MessagesJob, part: int | None, description: str, exc: BaseException,
-           jobs: _Jobs) -> tuple[Message, str] | None:
+           jobs: _Jobs) -> tuple[Message, str] | list[Range] | None:
     """The message of partition `part` (None: of all) whose task dies alone, and what it died of; None if none does.
     The part's topic-partition ranges are decoded one at a time, the first that dies is halved, and so on. Of pieces
     one of which died, the last is not tried once the others passed: it is halved at once. The message found is:
-    it must die alone."""
-    jobs.spend(exc)
+    it must die alone. Once the batch's jobs are spent: the ranges a message the task dies on may still be in."""
     pieces = parts.ranges(part)
+    if not jobs.spend(exc):
+        return pieces
     while pieces:
-        topic, partition, first, last = pieces.pop(0)
+        piece = pieces.pop(0)
+        topic, partition, first, last = piece
         if pieces or first == last:
-            jobs.spend(exc)
-            if (death := _death(parts.only(topic, partition, first, last), job, description)) is None:
+            if not jobs.spend(exc):
+                return [piece, *pieces]
+            if (death := _death(parts.only(*piece), job, description)) is None:
                 continue
             exc = death
         if first == last:
@@ -221,6 +230,31 @@ def probe(job: MessagesJob, batch: pa.Table, part: int) -> int:
     return batch.num_rows
 
 
+def as_sent(job: MessagesJob, why: str, batch: pa.Table, part: int) -> StagedMessages:
+    """A piece of a Kafka batch quarantined as it was sent, its values base64, not decoded: in the task, which writes
+    them as a file of the quarantine (`tasks.bad_written`). Their offsets count among the batch's."""
+    where, _ = tasks.worker()
+    reason = f"{why}; raw: the message's value, base64"
+    bad = tuple((f"kafka/{topic}/{partition}", BadRow(offset, reason, base64.b64encode(value).decode()))
+                for topic, partition, offset, value in zip(*(batch.column(c).to_pylist() for c in _COORDINATES),
+                                                           strict=True) if value is not None)
+    staged = tasks.bad_written(job, [Staged(part, f"kafka/{job.stream}", True, bad=bad, worker=where)])[0]
+    return StagedMessages(staged, batch.num_rows, batch.column("value").null_count, positions.message_ends(batch))
+
+
+def _as_sent(parts: Pieces, job: MessagesJob, ranges: list[Range], description: str,
+             cause: str) -> list[StagedMessages]:
+    why = (f"a task decoding the messages of {len(ranges)} offset range(s) died each time ({cause}); the search for "
+           f"the message at fault gave up after {_JOBS} jobs; nothing of these was applied")
+    out = []
+    for topic, partition, first, last in ranges:
+        _log.error("messages.unstaged", entity=job.cfg.name, stream=job.stream, topic=topic, partition=partition,
+                   first=first, last=last, error=why)
+        out += parts.only(topic, partition, first, last).map(partial(as_sent, job, why), True,
+                                                            f"{description}: quarantined as sent")
+    return out
+
+
 def _message_quarantined(parts: Pieces, job: MessagesJob, message: Message, cause: str) -> StagedMessages:
     topic, partition, offset = message
     why = (f"the task decoding it died each time, alone too ({cause}); nothing of it was applied: a decoder crashes "
@@ -242,10 +276,13 @@ class _Jobs:
     def __init__(self, left: int) -> None:
         self.left = left
 
-    def spend(self, exc: BaseException) -> None:
-        """One job more; none left: `exc` (the task's death) is raised, as it was before they were looked for."""
-        if not self.left:
+    def spend(self, exc: BaseException) -> bool:
+        """One job more; False: none left (said once)."""
+        if self.left == 0:
             _log.error("batch.apart_given_up", error=_cause(exc), jobs=_JOBS,
-                       action="the batch fails as a task's death, and is tried again")
-            raise exc
+                       action="the messages still suspected are quarantined as sent, undecoded, and the batch goes on")
+            self.left = -1
+        if self.left < 0:
+            return False
         self.left -= 1
+        return True
