@@ -21,7 +21,7 @@ run: $(VENV)/.installed $(JARS) $(STAND_IN)
 test: test-requirements $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # Before anything is installed: the suite needs Java for Spark, and also drives Chromium (the status page
 # test), systemd-analyze (the unit file tests; Debian's `systemd` package, systemd need not run), Rust's cargo
