@@ -7,7 +7,9 @@ batch's tasks, lose and double nothing."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,15 +55,58 @@ def _ancestors(pid: int) -> list[str]:
     return lines
 
 
-def _worked_in_executors(daemon: Daemon, entities) -> None:
-    """Every batch of the entities' tables was read and written in processes under an executor, not the driver
-    (the batches of this life: a killed life's processes are gone, and so is what they descended from)."""
+class Lineages:
+    """Watches every process of the machine from the test's start, noting the ancestors' command lines of each as
+    it appears. A task's Python worker is gone a minute after its last task (Spark's idle-worker timeout), and an
+    executor's workers die with it: where a worker ran is read here, not from /proc once the batches are done."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        self._seen: dict[tuple[int, str], list[str]] = {}  # (pid, start time) -> lineage
+        self._every_s = every_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="lineages", daemon=True)
+
+    def _watch(self) -> None:
+        while True:
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit():
+                    self._note(int(entry.name))
+            if self._done.wait(self._every_s):
+                return
+
+    def _note(self, pid: int) -> None:
+        try:
+            started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+            if (pid, started) not in self._seen:
+                self._seen[(pid, started)] = _ancestors(pid)
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass  # gone while read: a process too short-lived to be a task's worker
+
+    def of(self, pid: int) -> list[list[str]]:
+        """The lineages of every process seen with this pid (a pid may be used again)."""
+        return [lineage for (seen, _), lineage in list(self._seen.items()) if seen == pid]
+
+    def under_executor(self, pid: int) -> bool:
+        return any("CoarseGrainedExecutorBackend" in line for lineage in self.of(pid) for line in lineage)
+
+
+@pytest.fixture
+def lineages():
+    watch = Lineages()
+    watch._thread.start()
+    yield watch
+    watch._done.set()
+    watch._thread.join()
+
+
+def _worked_in_executors(lineages: Lineages, daemon: Daemon, entities) -> None:
+    """Every batch of the entities' tables (this life's and a killed life's) was read and written in processes
+    under an executor, not the driver."""
     for cfg in entities:
         workers = _workers(cfg.changelog) | _workers(cfg.table)
-        live = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
-        assert live and daemon.proc.pid not in workers
-        for pid in live:
-            assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        assert workers and daemon.proc.pid not in workers
+        for pid in workers:
+            assert lineages.under_executor(pid), (pid, lineages.of(pid))
 
 
 def _files_on_disk(table: Path) -> set[str]:
@@ -84,7 +129,7 @@ def _expect_exactly(cfg, files: int) -> None:
         assert _files_on_disk(Path(table)) == _files_held(Path(table))
 
 
-def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_standalone):  # noqa: F811
+def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_standalone, lineages):  # noqa: F811
     """`spark.master: spark://…`, a master and a worker started as a user starts them: the worker's two executors
     read and write the rows of file batches (the driver reads paths and metadata only). The other tests here use
     local-cluster, which runs the same executors without the separate master and worker."""
@@ -94,7 +139,7 @@ def test_a_standalone_cluster_master_and_worker_do_the_work(tmp_path, spark_stan
              "conf": {"spark.executor.cores": "1", "spark.executor.memory": "512m"}}
     config = write_config(tmp_path, [entity], spark=spark)
     with Daemon(config, tmp_path / "daemon.log") as daemon:
-        _files_are_worked_by_two_executors(tmp_path, daemon, config_module.load(config).entities[0])
+        _files_are_worked_by_two_executors(tmp_path, daemon, config_module.load(config).entities[0], lineages)
 
 
 def _read_bytes(pid: int) -> int:
@@ -103,7 +148,7 @@ def _read_bytes(pid: int) -> int:
                 if line.startswith("rchar:"))
 
 
-def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> None:
+def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg, lineages: Lineages) -> None:
     daemon.start()
     rows_per_file = 20_000
     pad = "p" * 64
@@ -121,10 +166,11 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg) -> N
     wait_for(lambda: _table_rows(cfg.quarantine) == 16, 30, 0.3, "every bad row")
     workers = _workers(cfg.table) | _workers(cfg.changelog) | _workers(cfg.quarantine)
     assert daemon.proc.pid not in workers and _workers(cfg.quarantine)
-    # Each is a Python worker of one of the two executor JVMs (python worker reuse keeps them alive).
+    # Each is a Python worker of one of the two executor JVMs.
     executors = set()
     for pid in workers:
-        above = _ancestors(pid)
+        assert len(lineages.of(pid)) == 1, (pid, lineages.of(pid))
+        above = lineages.of(pid)[0]
         assert "pyspark.daemon" in above[0] or "pyspark.daemon" in above[1], above[:2]
         backend = [line for line in above if "CoarseGrainedExecutorBackend" in line]
         assert backend, f"pid {pid} is not under an executor: {above}"
@@ -181,7 +227,8 @@ def _reducers(table: Path) -> set[int]:
             for w in json.loads(commit.get("lakefeed.reducers", "[]"))}
 
 
-def test_a_keyed_batch_is_reduced_in_executor_tasks_and_an_executor_killed_mid_reduction_loses_nothing(tmp_path):
+def test_a_keyed_batch_is_reduced_in_executor_tasks_and_an_executor_killed_mid_reduction_loses_nothing(tmp_path,
+                                                                                                      lineages):
     """An upsert entity (sequence_by) on local-cluster, 8 files of 20k changes to 500 keys: the reduction to one
     change per key runs in executor Python workers (each commit's `lakefeed.reducers`) and the driver reads far less
     than was landed. The first reduction task to finish kills its executor's JVM: Spark runs it again, and every
@@ -215,10 +262,9 @@ def test_a_keyed_batch_is_reduced_in_executor_tasks_and_an_executor_killed_mid_r
         assert once.exists(), "no executor was killed"
         assert driver_read < sum(map(len, texts)) / 10, driver_read
         reducers = _reducers(Path(cfg.table))
-        live = [pid for pid in reducers if Path(f"/proc/{pid}").exists()]
-        assert live and daemon.proc.pid not in reducers
-        for pid in live:
-            assert any("CoarseGrainedExecutorBackend" in line for line in _ancestors(pid)), pid
+        assert reducers and daemon.proc.pid not in reducers
+        for pid in reducers:
+            assert lineages.under_executor(pid), (pid, lineages.of(pid))
         daemon.stop()
     changelog = DeltaTable(str(cfg.changelog)).to_pyarrow_table()
     assert sorted(changelog["offset"].to_pylist()) == list(range(changelog.num_rows))
@@ -269,7 +315,7 @@ def _sql_tasks(event_log: Path) -> dict[str, set[str]]:
     return where
 
 
-def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path):
+def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(tmp_path, lineages):
     """Push frames of an append entity and of an upsert entity written by delta-spark: executor Python workers
     decode them (both) and write the tables' files (append); delta-spark's MERGE runs in executor tasks. The first
     life is killed (SIGKILL) between the keyed entity's table commit and its changelog's; after the restart every
@@ -303,7 +349,7 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
                  == sorted(f"r{n}" for n in range(23, 30)), 180, 0.3, "the last value of each account")
         # The changelog's commit follows the table's: the batch is whole once the changelog replays to the table.
         wait_for(lambda: _table_rows(accounts.changelog) and verify(accounts) == [], 60, 0.5, "the changelog")
-        _worked_in_executors(daemon, (events, accounts))
+        _worked_in_executors(lineages, daemon, (events, accounts))
         # delta-spark's first MERGE and append, done before a batch needs them, and tidied (a killed life's too)
         wait_for(lambda: daemon.events("writer.warmed") >= 1, 120, 0.3, "delta-spark warmed up")
         daemon.stop()
@@ -319,7 +365,8 @@ def test_pushes_are_decoded_and_written_in_executor_processes_append_and_keyed(t
         assert verify(events) == [] and verify(accounts) == []
 
 
-def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, kafka_broker):  # noqa: F811
+def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, kafka_broker,  # noqa: F811
+                                                                       lineages):
     """A topic of 3 partitions into an append entity and an upsert entity: the messages are decoded where Spark's
     tasks read them and no row comes to the driver. The first life is killed (SIGKILL) between the upsert entity's
     table commit and its changelog's; after the restart every message is there once, `verify` passes."""
@@ -337,7 +384,7 @@ def test_kafka_messages_are_decoded_and_written_in_executor_processes(tmp_path, 
         daemon.start()
         wait_for(lambda: _table_rows(lake.entity("clicks").table) == 600, 180, 0.3, "every message")
         wait_for(lambda: _table_rows(lake.entity("users").table) == 50, 180, 0.3, "every user")
-        _worked_in_executors(daemon, lake.entities)
+        _worked_in_executors(lineages, daemon, lake.entities)
         daemon.stop()
     rows = DeltaTable(str(lake.entity("clicks").table)).to_pyarrow_table()
     assert sorted(rows["n"].to_pylist()) == list(range(600))
