@@ -56,35 +56,32 @@ def _ancestors(pid: int) -> list[str]:
 
 
 class Lineages:
-    """Watches every process of the machine from the test's start, noting the ancestors' command lines of each as
-    it appears. A task's Python worker is gone a minute after its last task (Spark's idle-worker timeout), and an
+    """Watches the processes of the machine from the test's start, noting the ancestors' command lines of each as it
+    appears. A task's Python worker is gone a minute after its last task (Spark's idle-worker timeout), and an
     executor's workers die with it: where a worker ran is read here, not from /proc once the batches are done."""
 
-    def __init__(self, every_s: float = 0.05) -> None:
-        self._seen: dict[tuple[int, str], list[str]] = {}  # (pid, start time) -> lineage
+    def __init__(self, every_s: float = 0.1) -> None:
+        self._seen: dict[int, list[list[str]]] = {}  # pid -> the lineage of each process seen with it
         self._every_s = every_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="lineages", daemon=True)
 
     def _watch(self) -> None:
+        alive: set[int] = set()
         while True:
-            for entry in os.scandir("/proc"):
-                if entry.name.isdigit():
-                    self._note(int(entry.name))
+            now = {int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()}
+            for pid in now - alive:  # new since the last look (a pid used again after a gap counts as new)
+                try:
+                    self._seen.setdefault(pid, []).append(_ancestors(pid))
+                except (FileNotFoundError, ProcessLookupError):
+                    pass  # gone while read: a process too short-lived to be a task's worker
+            alive = now
             if self._done.wait(self._every_s):
                 return
 
-    def _note(self, pid: int) -> None:
-        try:
-            started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-            if (pid, started) not in self._seen:
-                self._seen[(pid, started)] = _ancestors(pid)
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            pass  # gone while read: a process too short-lived to be a task's worker
-
     def of(self, pid: int) -> list[list[str]]:
-        """The lineages of every process seen with this pid (a pid may be used again)."""
-        return [lineage for (seen, _), lineage in list(self._seen.items()) if seen == pid]
+        """The lineages of every process seen with this pid."""
+        return list(self._seen.get(pid, ()))
 
     def under_executor(self, pid: int) -> bool:
         return any("CoarseGrainedExecutorBackend" in line for lineage in self.of(pid) for line in lineage)
