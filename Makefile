@@ -18,7 +18,11 @@ run: $(VENV)/.installed $(JARS) $(STAND_IN)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: test-requirements $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
+# The jars, the stand-in and the broker's jars are made side by side once lakefeed is installed: each mostly waits
+# on Maven Central or on one JVM.
+test: test-requirements
+	$(MAKE) --no-print-directory $(VENV)/.installed
+	$(MAKE) --no-print-directory -j3 $(JARS) $(STAND_IN) $(TEST_JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
@@ -51,8 +55,8 @@ setup: $(VENV)/.installed $(JARS) $(STAND_IN)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c "import sys; assert sys.version_info >= (3, 11), 'lakefeed needs Python 3.11+'"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
 	touch $@
 
 $(JARS): $(VENV)/.installed
