@@ -18,11 +18,7 @@ run: $(VENV)/.installed $(JARS) $(STAND_IN)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-# The jars, the stand-in and the broker's jars are made side by side once lakefeed is installed: each mostly waits
-# on Maven Central or on one JVM.
-test: test-requirements
-	$(MAKE) --no-print-directory $(VENV)/.installed
-	$(MAKE) --no-print-directory -j3 $(JARS) $(STAND_IN) $(TEST_JARS)
+test: test-requirements $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder

@@ -119,16 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
         return 0
     if args.command == "jars":
-        from concurrent.futures import ThreadPoolExecutor
-
         from lakefeed.ops import class_archive, jars, spark, spark_home
 
         log.configure("INFO")
-        spark_home.make()  # before the archive: it is of the class path this home gives, not of the packages'
-        with ThreadPoolExecutor(1, thread_name_prefix="class-archive") as pool:  # its JVM while the packages resolve
-            archive = pool.submit(class_archive.make, spark.check_java())
-            jars.fetch()
-            archive.result()  # best effort: without it, Spark only starts slower
+        jars.fetch()
+        spark_home.make()  # before the archive: it is of the class path this home gives
+        class_archive.make(spark.check_java())  # best effort: without it, Spark only starts slower
         return 0
     if args.command == "manifest" and args.manifest_command == "check":
         return _check_manifest(Path(args.root_manifest), args.precedence)

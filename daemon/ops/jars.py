@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyspark
@@ -45,11 +44,9 @@ def cache_dir() -> Path:
 
 
 def fetch() -> None:
-    """Resolve every package not yet in the cache (with its dependencies, as Spark's Ivy resolves them), side by
-    side: each has an Ivy (a JVM) and a folder of its own, and mostly waits on Maven Central."""
-    with ThreadPoolExecutor(len(packages()), thread_name_prefix="jars") as pool:
-        for _ in pool.map(lambda package: resolve(*package), packages().items()):
-            pass  # the first failure is raised, after every resolution has ended
+    """Resolve every package not yet in the cache (with its dependencies, as Spark's Ivy resolves them)."""
+    for name, coordinate in packages().items():
+        resolve(name, coordinate)
 
 
 def resolve(name: str, coordinate: str) -> list[Path]:
