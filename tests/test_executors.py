@@ -91,8 +91,10 @@ class Lineages:
         """The lineages of every process seen with this pid."""
         return list(self._seen.get(pid, ()))
 
-    def under_executor(self, pid: int) -> bool:
-        return any("CoarseGrainedExecutorBackend" in line for lineage in self.of(pid) for line in lineage)
+    def under_executor(self, pid: int) -> list[str] | None:
+        """The lineage of the process seen with this pid under an executor, if one was."""
+        return next((lineage for lineage in self.of(pid)
+                     if any("CoarseGrainedExecutorBackend" in line for line in lineage)), None)
 
 
 @pytest.fixture
@@ -171,8 +173,7 @@ def _files_are_worked_by_two_executors(tmp_path: Path, daemon: Daemon, cfg, line
     # Each is a Python worker of one of the two executor JVMs.
     executors = set()
     for pid in workers:
-        above = next((lineage for lineage in lineages.of(pid)
-                      if any("CoarseGrainedExecutorBackend" in line for line in lineage)), None)
+        above = lineages.under_executor(pid)
         assert above, f"pid {pid} is not under an executor: {lineages.of(pid)}"
         assert "pyspark.daemon" in above[0] or "pyspark.daemon" in above[1], above[:2]
         backend = [line for line in above if "CoarseGrainedExecutorBackend" in line]
