@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,11 @@ class Client:
                                        json.dumps(rows).encode(),
                                        {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
         return status, json.loads(data)
+
+
+def _log_time(record: dict) -> float:
+    """A log record's time (structlog's ISO 8601, UTC) in seconds since the epoch, as time.time() gives."""
+    return datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def _ids(table: Path) -> list[int]:
@@ -252,11 +258,31 @@ def test_reload_adds_changes_removes_and_rejects_without_losing_records(tmp_path
     assert set(after) == {"events/api", "events/bulk", "sales/files", "extra/api"}
     assert {k: after[k] for k in before} == before
     land_some(3)
-    # 2. change one source of an entity and another entity's file source; the file replaced by a rename
+    # 2. change one source of an entity and another entity's file source; the file replaced by a rename. /readyz,
+    # asked all along, answers; and never ready while sales is between its stop and its start again.
+    readiness: list[tuple[float, float, int]] = []
+    watching = threading.Event()
+
+    def ask_ready() -> None:
+        while not watching.is_set():
+            asked = time.time()
+            status = client.request("GET", "/readyz")[0]
+            readiness.append((asked, time.time(), status))
+
+    asker = threading.Thread(target=ask_ready)
+    asker.start()
     doc["entities"][0]["push"][1]["rate_limit_per_s"] = 10000.0
     doc["entities"][1]["source"]["max_files_per_trigger"] = 2
     _write_atomically(config, doc)
     wait_for(lambda: reloads() == 2, 60, 0.2, "second reload")
+    watching.set()
+    asker.join()
+    stopping, started = (_log_time([r for r in daemon.records(e) if r["entity"] == "sales"][-1])
+                         for e in ("entity.stopping", "entity.started"))
+    assert {status for _, _, status in readiness} <= {200, 503}, readiness  # a 500: it read what the reload changed
+    # From its stop until its new query runs, sales is not ready; then it is (entity.started is logged after that).
+    during = [status for asked, answered, status in readiness if stopping < asked < answered < started]
+    assert during and during[0] == 503 and during == sorted(during, reverse=True), during
     changed = run_ids()
     assert changed["extra/api"] == after["extra/api"] and changed["events/api"] == after["events/api"]
     assert changed["events/bulk"] != after["events/bulk"] and changed["sales/files"] != after["sales/files"]

@@ -243,6 +243,16 @@ def test_a_manifest_deleted_after_an_upgrade_comes_back_from_the_old_state_file(
     assert sorted(p["location"] for p in entity["dataPartitions"]) == ["sales/a.csv", "sales/b.csv"]
 
 
+def test_a_declaration_deleted_while_the_entity_was_down_comes_back_with_its_partitions(setup):
+    cfg, pipeline, inbox = setup
+    pipeline.process(_batch(inbox, land(cfg.source.path / "sales/a.csv", "id\n1\n")), 0)
+    pipeline.settle()
+    cfg.manifest.write_text(json.dumps({"manifestName": "default", "entities": []}))
+    _pipeline(cfg).prepare()  # a start: the config's patterns alone would declare it with no partition
+    entity = cdm_manifest.find_entity(cdm_manifest.load(cfg.manifest), "sales")
+    assert [p["location"] for p in entity["dataPartitions"]] == ["sales/a.csv"]
+
+
 def test_invalid_manifest_stops_the_entity_and_is_left_untouched(setup):
     cfg, pipeline, inbox = setup
     cfg.manifest.write_text('{"manifestName": "default", "entities": [')

@@ -84,7 +84,7 @@ class Compactions:
             names = await _names(request)
             if isinstance(names, str):
                 return web.json_response({"error": names}, status=400)
-            runners = self._runners()
+            runners = dict(self._runners())  # a copy: the supervisor's thread starts and stops entities meanwhile
             unknown = sorted(set(names or ()) - set(runners))
             if unknown:
                 return web.json_response({"error": f"no entity {', '.join(map(repr, unknown))}; the daemon runs "

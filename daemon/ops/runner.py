@@ -381,7 +381,8 @@ class EntityRunner:
         self.error, self.terminal = str(error), True
 
     def running(self) -> bool:
-        return self.error is None and bool(self.queries) and all(q.isActive for q in self.queries.values())
+        return (self.error is None and not self.shutdown.is_set() and bool(self.queries)
+                and all(q.isActive for q in list(self.queries.values())))  # asked from the HTTP thread too
 
     def check(self) -> None:
         """Report a query or a source that died (once)."""

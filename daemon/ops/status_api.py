@@ -45,7 +45,7 @@ def status(sup: Daemon) -> dict[str, Any]:
     for name, runner in list(sup.runners.items()):
         totals = dict(snapshot.get(name, {**_NOTHING, "watermark": None, "backlog": {}, "history": []}))
         figures = totals.pop("streams", {})  # each stream's own, shown under it; the entity keeps its totals
-        queries = runner.queries
+        queries = dict(runner.queries)  # a reload starts and stops them meanwhile
         streams = {s: {"running": s in queries and queries[s].isActive, "backlog": runner.backlog(s),
                        "run_id": str(queries[s].runId) if s in queries else None,
                        "source": runner.source_status(s), **figures.get(s, _NOTHING)}
@@ -66,7 +66,7 @@ def routes(sup: Daemon) -> list[web.RouteDef]:
         return web.json_response({"status": "alive"})
 
     async def readyz(_: web.Request) -> web.Response:
-        down = [n for n, r in sup.runners.items() if not r.running()]
+        down = [n for n, r in list(sup.runners.items()) if not r.running()]  # a reload changes it meanwhile
         ready = sup.ready and not down
         return web.json_response({"ready": ready, "not_running": down}, status=200 if ready else 503)
 

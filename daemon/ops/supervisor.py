@@ -208,9 +208,10 @@ class Supervisor:
                 break
 
     def status_line(self) -> str:
-        failed = [n for n, r in self.runners.items() if r.error is not None]
-        backlog = sum(r.backlog(s) for r in self.runners.values() for s in r.queries)
-        line = f"{len(self.runners) - len(failed)} entities running"
+        runners = dict(self.runners)  # /status asks too, from the HTTP thread, while a reload changes them
+        failed = [n for n, r in runners.items() if r.error is not None]
+        backlog = sum(r.backlog(s) for r in runners.values() for s in list(r.queries))
+        line = f"{len(runners) - len(failed)} entities running"
         if failed:
             line += f", {len(failed)} failed ({', '.join(failed)})"
         line += f", backlog {backlog}"
@@ -269,12 +270,15 @@ class Supervisor:
             _log.error("entity.failed", entity=runner.cfg.name, error=str(exc))
 
     def _stop_entity(self, name: str) -> None:
-        runner = self.runners.pop(name)
+        """Stop an entity. Its runner stays listed, not running, until `_start` replaces it or a removal drops it:
+        /readyz must not answer ready while an entity is between its stop and its start again."""
+        runner = self.runners[name]
+        runner.stop_intake()  # from here it is not running
+        _log.info("entity.stopping", entity=name)
         self.webhooks.detach(name)
         targets = [(name, p.name) for p in runner.cfg.push]
         if self.intake is not None:
             self.intake.pause(targets)  # pushes get 503 + Retry-After until the entity is back (or gone)
-        runner.stop_intake()
         runner.stop(time.monotonic() + self.cfg.shutdown_timeout_s)
         if self.intake is not None:
             self.intake.detach(targets)
@@ -342,6 +346,7 @@ class Supervisor:
         for name in removed + changed:
             self._stop_entity(name)
         for name in removed:
+            del self.runners[name]
             self.metrics.forget(name)
         for name in changed + list(in_place):
             self.metrics.forget(name, set(old[name].streams()) - set(wanted[name].streams()))

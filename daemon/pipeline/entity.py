@@ -72,6 +72,7 @@ class EntityPipeline:
         """Make sure the manifest declares the entity, and repair it if a crash left it behind."""
         if self.mirror is not None:
             self.mirror.pull(self.cfg.manifest)
+        self.keeper.restore()  # a declaration deleted while the entity was down comes back with its partitions
         entity = ensure_entity(self.cfg)
         document = schema_document(self.root, entity)
         if self.mirror is not None and document is not None:
