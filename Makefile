@@ -51,8 +51,8 @@ setup: $(VENV)/.installed $(JARS) $(STAND_IN)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c "import sys; assert sys.version_info >= (3, 11), 'lakefeed needs Python 3.11+'"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test]'
 	touch $@
 
 $(JARS): $(VENV)/.installed
