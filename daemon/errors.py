@@ -26,6 +26,16 @@ class ManifestError(TerminalError):
     stamp: tuple[int, ...] | None = None
 
 
+class ConstraintError(TerminalError):
+    """A table has a constraint that a commit of files written by tasks cannot honour; `path` is the table's log
+    folder when the table is local (a change to it, such as the constraint dropped, starts the entity again) and
+    `stamp` its version as it was checked."""
+
+    def __init__(self, message: str, path: Path | None = None, stamp: tuple[int, ...] | None = None) -> None:
+        super().__init__(message)
+        self.path, self.stamp = path, stamp
+
+
 class Abandoned(Exception):  # noqa: N818 (not a fault: what happened to the batch)
     """A batch given up because the daemon is stopping and the shutdown timeout has passed. Nothing of it was
     acknowledged to anyone: it is replayed from the checkpoint at the next start."""

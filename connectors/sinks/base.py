@@ -33,6 +33,11 @@ class TableSink(ABC):
         (app_id, version) and `metadata`; the table is made, or gains the columns of `schema` it lacks, first."""
 
     @abstractmethod
+    def check_files(self, files: list[DataFile]) -> None:
+        """Raise ConstraintError when the table's constraints forbid adding `files` (connectors/sinks/constraints.py).
+        `commit_files` checks too: a caller checks first to refuse a batch before another table commits it."""
+
+    @abstractmethod
     def compact(self, target_bytes: int) -> tuple[int, int]:
         """Rewrite the table's small files into files of about `target_bytes` in one commit that changes no row
         (none when there is nothing to rewrite); the numbers of files it removed and added."""

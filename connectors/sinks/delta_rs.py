@@ -26,6 +26,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from lakefeed import log
 from lakefeed.batch.cdc import KIND, MergePlan
 from lakefeed.batch.schema import delta_compatible
+from lakefeed.connectors.sinks import constraints
 from lakefeed.connectors.sinks.base import TableSink
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_log import commit_metadata
@@ -156,6 +157,7 @@ class DeltaRsSink(TableSink):
                                           storage_options=self._options, commit_properties=properties)
             return
         current = pa.schema(table.schema().to_arrow())
+        constraints.check(self.uri, table.metadata().configuration, current, files)
         new = [f for f in delta_compatible(schema) if f.name not in current.names]
         if new:  # a commit of its own, before the files': a replay finds the columns there and goes on
             table.alter.add_columns([DeltaField.from_arrow(f) for f in new])
@@ -164,6 +166,11 @@ class DeltaRsSink(TableSink):
         table.create_write_transaction(actions, "append", current, partition_by=self._partition_by,
                                        commit_properties=properties)
         self._committed(app_id, base + 1, version)  # the table object stays at `base`: the next load finds it
+
+    def check_files(self, files: list[DataFile]) -> None:
+        table = self._load()
+        if table is not None:
+            constraints.check(self.uri, table.metadata().configuration, pa.schema(table.schema().to_arrow()), files)
 
     def compact(self, target_bytes: int) -> tuple[int, int]:
         table = self._load()

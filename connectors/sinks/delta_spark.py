@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakefeed.batch.cdc import KIND, MergePlan
 from lakefeed.batch.schema import delta_compatible
-from lakefeed.connectors.sinks import column_mapping, delta_rs
+from lakefeed.connectors.sinks import column_mapping, constraints, delta_rs
 from lakefeed.connectors.sinks.column_mapping import MAX_ID, MODE
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
@@ -143,6 +143,7 @@ class DeltaSparkSink(DeltaRsSink):
         else:
             self._check_physical_names(table)
             current = pa.schema(table.schema().to_arrow())
+            constraints.check(self.uri, table.metadata().configuration, current, files)
             if mapping is not None:  # in a commit of its own first: a replay finds the columns there
                 self._commit([mapping], {})
             elif any(f.name not in current.names for f in delta_compatible(schema)):

@@ -126,6 +126,26 @@ def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
     return _bad(data, dict.fromkeys(range(data.num_rows), reason))
 
 
+def not_null(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+    """The rows of an append entity that a table with NOT NULL columns (`target`'s) can take, and the others
+    quarantined, each naming the first such column it has no value in. A keyed entity's rows (`__kind`) are left
+    to its MERGE, which checks what it writes (a delete writes no row)."""
+    required = [f.name for f in target or () if not f.nullable]
+    if not required or not data.num_rows or KIND in data.column_names:
+        return data, []
+    reasons: dict[int, str] = {}
+    for name in required:
+        empty = (pc.is_null(data.column(name)).to_numpy(zero_copy_only=False) if name in data.column_names
+                 else np.ones(data.num_rows, dtype=bool))
+        for i in np.flatnonzero(empty):
+            reasons.setdefault(int(i), f"column {name!r} is NOT NULL in the table, and the row has no value there")
+    if not reasons:
+        return data, []
+    keep = np.ones(data.num_rows, dtype=bool)
+    keep[list(reasons)] = False
+    return data.filter(pa.array(keep)), _bad(data, reasons)
+
+
 def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
     out = []
     visible = [c for c in data.column_names if c != "source_file" and not c.startswith("__")]

@@ -256,6 +256,8 @@ class Committer:
         workers = sorted({*(s.worker for s in staged), *(w.worker for w in written)})
         placed = {"lakefeed.workers": json.dumps(workers)}
         empty = schema.empty_table()
+        if table_due and first is not None:  # refused before the changelog takes a batch the table would not
+            self.sinks.table.check_files([f for w in written for f in w.table])
         if first is not None:
             files = [f for w in written for f in w.changelog]
             shape = build_changelog(empty, first, batch_id, checked_at).schema

@@ -275,6 +275,9 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
     written to the batch's staging folder (a keyed entity's by bucket)."""
     cfg, watermark = job.cfg, job.watermark
     late = 0
+    if table is not None:  # what the table's NOT NULL columns refuse: quarantined before any table takes it
+        table, refused = cdc.not_null(table, job.target)
+        bad.extend(refused)
     if table is not None and cfg.event_time.late_policy != "apply":
         mask = event_time.late_mask(table, watermark)
         if mask.any():

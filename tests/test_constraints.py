@@ -1,0 +1,142 @@
+"""A table's constraints and the files lakefeed's tasks write: NOT NULL rows set apart, CHECK refused, nothing lost.
+
+The commit adds files the tasks wrote, where Delta would check rows as it writes them (connectors/sinks/constraints.py).
+Real Delta tables (delta-rs), the pipeline as the daemon builds it, and a daemon process that stops the entity and
+starts it again by itself once the constraint is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lakefeed.batch import cdc
+from lakefeed.config import model as config
+from lakefeed.connectors.sinks.data_files import DataFile
+from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
+from lakefeed.errors import ConstraintError
+from lakefeed.inbox.files import FileEvent, Inbox
+from lakefeed.pipeline.entity import EntityPipeline
+from lakefeed.pipeline.sinks import Sinks
+from tests.conftest import land, wait_for, write_config
+from tests.test_daemon_process import Daemon
+
+NAMES = ("a", "b", "c")
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_rows_with_no_value_in_a_not_null_column_are_set_apart_naming_the_first(data):
+    required = data.draw(st.sets(st.sampled_from(NAMES)), "required")
+    present = sorted(data.draw(st.sets(st.sampled_from(NAMES), min_size=1), "present"))
+    n = data.draw(st.integers(0, 12), "rows")
+    values = {c: data.draw(st.lists(st.none() | st.integers(-5, 5), min_size=n, max_size=n), c) for c in present}
+    target = pa.schema([pa.field(c, pa.int64(), nullable=c not in required) for c in NAMES])
+    rows = pa.table({**{c: pa.array(values[c], pa.int64()) for c in present},
+                     "source_file": [f"f{i}" for i in range(n)]})
+
+    kept, bad = cdc.not_null(rows, target)
+
+    def first_empty(i: int) -> str | None:  # the model: the target's order, a missing column is empty
+        return next((c for c in NAMES if c in required and (c not in present or values[c][i] is None)), None)
+    assert kept.to_pylist() == [r for i, r in enumerate(rows.to_pylist()) if first_empty(i) is None]
+    assert [(file, b.reason) for file, b in bad] == [
+        (f"f{i}", f"column {first_empty(i)!r} is NOT NULL in the table, and the row has no value there")
+        for i in range(n) if first_empty(i) is not None]
+
+
+def test_a_keyed_entity_s_rows_are_left_to_its_merge():
+    rows = cdc.tag(pa.table({"a": pa.array([None, 1], pa.int64())}), "delete", 0)
+    kept, bad = cdc.not_null(rows, pa.schema([pa.field("a", pa.int64(), nullable=False)]))
+    assert kept.num_rows == 2 and bad == []
+
+
+def _pipeline(tmp_path):
+    cfg = config.load(write_config(tmp_path)).entities[0]
+    cfg.checkpoint.mkdir(parents=True)
+    (cfg.checkpoint / "metadata").write_text(json.dumps({"id": "q-1"}))
+    pipeline = EntityPipeline(cfg, Sinks.of(cfg))
+    pipeline.prepare()
+    return cfg, pipeline, Inbox(cfg.state / "inbox")
+
+
+def _process(cfg, pipeline, inbox, name: str, text: str, batch_id: int):
+    path = land(cfg.source.path / "sales" / name, text)
+    return pipeline.process(inbox.offer([FileEvent.of(path)]), batch_id)
+
+
+def _ids(uri) -> list | None:
+    try:
+        return sorted(DeltaTable(str(uri)).to_pyarrow_table()["id"].to_pylist())
+    except Exception:  # not made yet
+        return None
+
+
+def test_a_not_null_column_sends_the_rows_without_a_value_to_quarantine_and_commits_the_rest(tmp_path):
+    cfg, pipeline, inbox = _pipeline(tmp_path)
+    _process(cfg, pipeline, inbox, "a.csv", "id,amount\n1,1.5\n", 0)
+    table = DeltaTable(str(cfg.table)).to_pyarrow_table()  # made NOT NULL, as ALTER TABLE … SET NOT NULL would
+    strict = pa.schema([f.with_nullable(f.name != "id") for f in table.schema])
+    write_deltalake(str(cfg.table), table.cast(strict), mode="overwrite", schema_mode="overwrite")
+    pipeline = EntityPipeline(cfg, Sinks.of(cfg))  # a restart reads the table's schema afresh
+
+    result = _process(cfg, pipeline, inbox, "b.csv", "id,amount\n2,2.5\n,3.5\n4,\n", 1)
+
+    assert (result.rows, result.quarantined) == (2, 1)
+    assert _ids(cfg.table) == [1, 2, 4]
+    assert sorted(DeltaTable(str(cfg.changelog)).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 4]
+    [parked] = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
+    assert "column 'id' is NOT NULL in the table" in parked["reason"] and parked["source_file"] == "sales/b.csv"
+
+
+def test_a_check_constraint_refuses_the_batch_before_any_table_takes_it_and_it_commits_once_dropped(tmp_path):
+    cfg, pipeline, inbox = _pipeline(tmp_path)
+    _process(cfg, pipeline, inbox, "a.csv", "id\n1\n", 0)
+    DeltaTable(str(cfg.table)).alter.add_constraint({"id_positive": "id > 0"})
+    path = land(cfg.source.path / "sales" / "b.csv", "id\n2\n-3\n")
+    records = inbox.offer([FileEvent.of(path)])
+    changelog = DeltaTable(str(cfg.changelog)).version()
+
+    with pytest.raises(ConstraintError, match=r"CHECK constraints .* id_positive \(id > 0\).*DROP CONSTRAINT") as no:
+        pipeline.process(records, 1)
+    assert no.value.path == cfg.table / "_delta_log" and no.value.stamp is not None
+    assert DeltaTable(str(cfg.changelog)).version() == changelog and _ids(cfg.table) == [1]  # nothing committed
+
+    DeltaTable(str(cfg.table)).alter.drop_constraint("id_positive")
+    pipeline.process(records, 1)  # the batch replayed
+    pipeline.process(records, 1)  # and replayed again: nothing twice
+    assert _ids(cfg.table) == [-3, 1, 2] and _ids(cfg.changelog) == [-3, 1, 2]
+
+
+def test_a_commit_of_task_files_checks_the_table_itself(tmp_path):
+    """The sink's own check: what a caller that did not check first would add is refused all the same."""
+    sink = DeltaRsSink(tmp_path / "t")
+    strict = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    write_deltalake(str(tmp_path / "t"), pa.Table.from_arrays([pa.array([1], pa.int64())], schema=strict))
+    nulls = DataFile("x.parquet", 1, {}, 0, json.dumps({"numRecords": 2, "nullCount": {"id": 1}}), 2)
+    with pytest.raises(ConstraintError, match="NOT NULL columns id, and the batch's file x.parquet holds nulls"):
+        sink.commit_files([nulls], pa.schema([pa.field("id", pa.int64())]), "app", 0, {})
+    assert DeltaTable(str(tmp_path / "t")).version() == 0
+
+
+def test_the_daemon_stops_the_entity_on_a_check_constraint_and_starts_it_once_dropped(tmp_path):
+    config_path = write_config(tmp_path)
+    landing = tmp_path / "landing" / "sales"
+    table = tmp_path / "lake" / "sales" / "table"
+    with Daemon(config_path, tmp_path / "daemon.log") as daemon:
+        daemon.start()
+        land(landing / "a.csv", "id\n1\n")
+        wait_for(lambda: _ids(table) == [1], 120, 0.3, "the first file's row")
+        DeltaTable(str(table)).alter.add_constraint({"id_positive": "id > 0"})
+        land(landing / "b.csv", "id\n2\n")
+        wait_for(lambda: [e for e in daemon.records("entity.failed") if "id_positive" in e["error"]], 120, 0.3,
+                 "entity.failed naming the constraint")
+        DeltaTable(str(table)).alter.drop_constraint("id_positive")  # the table's log changes: it starts again
+        wait_for(lambda: _ids(table) == [1, 2], 120, 0.3, "the second file's row, once the constraint is gone")
+        assert daemon.events("entity.reviving") == 1
+        daemon.stop()
