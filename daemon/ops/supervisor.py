@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from pyspark.sql import SparkSession
 
@@ -44,7 +43,7 @@ from lakefeed.intake import http_server
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.intake.http_server import HttpServer
 from lakefeed.intake.s3_webhook import Webhooks
-from lakefeed.ops import priority, spark, status_api, writers
+from lakefeed.ops import priority, signals, spark, status_api, writers
 from lakefeed.ops.compactions import Compactions
 from lakefeed.ops.metrics import Metrics
 from lakefeed.ops.notify import notify, watchdog_fed, watchdog_interval
@@ -76,7 +75,8 @@ class Supervisor:
         self.webhooks = Webhooks()
         self.compactions = Compactions(lambda: self.runners, secrets.token_urlsafe(32), self._stop.is_set)
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
+        """In the thread `signals` (daemon/ops/signals.py), never in a handler: it may wait for any lock."""
         if signum == signal.SIGHUP:
             self._reload.set()
             return
@@ -117,8 +117,7 @@ class Supervisor:
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, self._on_signal)
+            signals.route((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal)
         try:
             writers.warm_up(self.cfg, session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
