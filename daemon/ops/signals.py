@@ -2,7 +2,7 @@
 
 Python runs a signal handler in the main thread between two bytecodes, wherever that thread is. Inside
 `Event.wait`, it holds the event's lock; a handler that sets that event then waits for the lock for ever. A
-daemon did not stop on SIGTERM that way (the CI of 453397f: its main loop was in `_stop.wait(0.25)`). Here the
+daemon did not stop on SIGTERM that way (the CI of f2a73d9: its main loop was in `_stop.wait(0.25)`). Here the
 handler does nothing: Python's C-level handler writes the signal's number to a socket (`signal.set_wakeup_fd`),
 and a thread that reads it calls `on_signal`, which may take any lock.
 """
