@@ -27,22 +27,27 @@ PREFIX = "delta.constraints."
 
 def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: list[DataFile]) -> None:
     """Raise ConstraintError when the table (at `uri`, with this configuration and schema) cannot take `files`."""
-    log = Path(uri) / "_delta_log" if "://" not in uri else None
-    stamp = cdm_manifest.file_version(log) if log is not None else None
-    later = ("the entity starts again by itself once the table's log changes" if log is not None else
-             "then reload the daemon's config (SIGHUP) or restart it, and the entity starts again")
     checks = {k.removeprefix(PREFIX): v for k, v in configuration.items() if k.startswith(PREFIX)}
     if checks:
         named = ", ".join(f"{name} ({expression})" for name, expression in sorted(checks.items()))
-        raise ConstraintError(
-            f"table {uri} has CHECK constraints that lakefeed does not evaluate: {named}. Its tasks write the "
-            "table's files, so it adds none to a table with one: drop them (ALTER TABLE ... DROP CONSTRAINT "
-            f"<name>) and check them in a view or downstream; {later}", log, stamp)
+        raise _refused(uri, f"table {uri} has CHECK constraints that lakefeed does not evaluate: {named}. Its tasks "
+                       "write the table's files, so it adds none to a table with one: drop them (ALTER TABLE ... "
+                       "DROP CONSTRAINT <name>) and check them in a view or downstream")
     required = [f.name for f in schema if not f.nullable]
     for file in files if required else ():
         nulls = json.loads(file.stats or "{}").get("nullCount") or {}
         if found := [name for name in required if (nulls.get(name) or 0) > 0]:
-            raise ConstraintError(
-                f"table {uri} has NOT NULL columns {', '.join(found)}, and the batch's file {file.path} holds nulls "
-                "there: the columns were made NOT NULL after its rows were checked. The batch is tried again "
-                f"(its rows checked anew) once the entity starts: {later}", log, stamp)
+            raise _refused(uri, f"table {uri} has NOT NULL columns {', '.join(found)}, and the batch's file "
+                           f"{file.path} holds nulls there: the columns were made NOT NULL after its rows were "
+                           "checked. The batch is tried again (its rows checked anew) once the entity starts")
+
+
+def _refused(uri: str, message: str) -> ConstraintError:
+    """The error, with the table's log folder and its version now when the table is local: a change to it starts the
+    entity again."""
+    if "://" in uri:
+        return ConstraintError(f"{message}; then reload the daemon's config (SIGHUP) or restart it, and the entity "
+                               "starts again")
+    log = Path(uri) / "_delta_log"
+    return ConstraintError(f"{message}; the entity starts again by itself once the table's log changes", log,
+                           cdm_manifest.file_version(log))

@@ -119,8 +119,7 @@ class EntityRunner:
         self.terminal = False  # the error is one lakefeed reported (a restart would not mend it)
 
     def start(self, reconcile_first: bool = False, wait: bool = True) -> None:
-        """Start the sources and queries; `reconcile_first` lists the landing folder before (backfill); `wait`: for
-        the queries' first triggers (`wait_started`)."""
+        """Start sources and queries; `reconcile_first`: list the landing first (backfill); `wait`: `wait_started`."""
         self.pipeline.prepare()
         if self.source is not None:
             if reconcile_first:
