@@ -21,6 +21,7 @@ import pyarrow as pa
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.errors import ConstraintError
+from lakefeed.inbox.storage import is_s3
 
 PREFIX = "delta.constraints."
 
@@ -45,7 +46,7 @@ def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: lis
 def _refused(uri: str, message: str) -> ConstraintError:
     """The error, with the table's log folder and its version now when the table is local: a change to it starts the
     entity again."""
-    if "://" in uri:
+    if is_s3(uri):
         return ConstraintError(f"{message}; then reload the daemon's config (SIGHUP) or restart it, and the entity "
                                "starts again")
     log = Path(uri) / "_delta_log"
