@@ -1,8 +1,9 @@
-"""A table's constraints and the files lakefeed's tasks write: NOT NULL rows set apart, CHECK refused, nothing lost.
+"""A table's constraints and the files lakefeed's tasks write: rows that break one set apart, nothing lost.
 
-The commit adds files the tasks wrote, where Delta would check rows as it writes them (connectors/sinks/constraints.py).
-Real Delta tables (delta-rs), the pipeline as the daemon builds it, and a daemon process that stops the entity and
-starts it again by itself once the constraint is dropped.
+The commit adds files the tasks wrote, where Delta would check rows as it writes them (connectors/sinks/constraints.py);
+the tasks check them (daemon/batch/checks.py, against Spark in tests/test_checks.py). Real Delta tables (delta-rs), the
+pipeline as the daemon builds it, and a daemon process that quarantines the rows a CHECK refuses, stops the entity on
+one it cannot evaluate and starts it again by itself once that is dropped.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakefeed.batch import cdc
+from lakefeed.batch import cdc, checks
 from lakefeed.config import model as config
 from lakefeed.connectors.sinks.data_files import DataFile
 from lakefeed.connectors.sinks.delta_rs import DeltaRsSink
-from lakefeed.errors import ConstraintError
+from lakefeed.errors import ConstraintError, TransientError
 from lakefeed.inbox.files import FileEvent, Inbox
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
@@ -40,7 +41,7 @@ def test_rows_with_no_value_in_a_not_null_column_are_set_apart_naming_the_first(
     rows = pa.table({**{c: pa.array(values[c], pa.int64()) for c in present},
                      "source_file": [f"f{i}" for i in range(n)]})
 
-    kept, bad = cdc.not_null(rows, target)
+    kept, bad = checks.refused(rows, target, ())
 
     def first_empty(i: int) -> str | None:  # the model: the target's order, a missing column is empty
         return next((c for c in NAMES if c in required and (c not in present or values[c][i] is None)), None)
@@ -52,7 +53,7 @@ def test_rows_with_no_value_in_a_not_null_column_are_set_apart_naming_the_first(
 
 def test_a_keyed_entity_s_rows_are_left_to_its_merge():
     rows = cdc.tag(pa.table({"a": pa.array([None, 1], pa.int64())}), "delete", 0)
-    kept, bad = cdc.not_null(rows, pa.schema([pa.field("a", pa.int64(), nullable=False)]))
+    kept, bad = checks.refused(rows, pa.schema([pa.field("a", pa.int64(), nullable=False)]), ())
     assert kept.num_rows == 2 and bad == []
 
 
@@ -77,6 +78,13 @@ def _ids(uri) -> list | None:
         return None
 
 
+def _parked(uri) -> list[dict]:
+    try:
+        return DeltaTable(str(uri)).to_pyarrow_table().to_pylist()
+    except Exception:  # not made yet
+        return []
+
+
 def test_a_not_null_column_sends_the_rows_without_a_value_to_quarantine_and_commits_the_rest(tmp_path):
     cfg, pipeline, inbox = _pipeline(tmp_path)
     _process(cfg, pipeline, inbox, "a.csv", "id,amount\n1,1.5\n", 0)
@@ -94,23 +102,60 @@ def test_a_not_null_column_sends_the_rows_without_a_value_to_quarantine_and_comm
     assert "column 'id' is NOT NULL in the table" in parked["reason"] and parked["source_file"] == "sales/b.csv"
 
 
-def test_a_check_constraint_refuses_the_batch_before_any_table_takes_it_and_it_commits_once_dropped(tmp_path):
+def test_a_check_constraint_sends_the_rows_it_refuses_to_quarantine_and_commits_the_rest(tmp_path):
     cfg, pipeline, inbox = _pipeline(tmp_path)
     _process(cfg, pipeline, inbox, "a.csv", "id\n1\n", 0)
     DeltaTable(str(cfg.table)).alter.add_constraint({"id_positive": "id > 0"})
+
+    result = _process(cfg, pipeline, inbox, "b.csv", "id\n2\n-3\n\n4\n", 1)
+
+    assert (result.rows, result.quarantined) == (2, 1)
+    assert _ids(cfg.table) == [1, 2, 4] and _ids(cfg.changelog) == [1, 2, 4]
+    [parked] = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
+    assert parked["reason"] == "breaks the table's CHECK constraint id_positive (id > 0)"
+    assert parked["source_file"] == "sales/b.csv" and json.loads(parked["raw"]) == {"id": "-3"}
+
+
+def test_a_check_constraint_added_after_the_tasks_ran_fails_the_commit_until_the_batch_is_planned_again(tmp_path):
+    cfg, pipeline, inbox = _pipeline(tmp_path)
+    _process(cfg, pipeline, inbox, "a.csv", "id\n1\n", 0)
     path = land(cfg.source.path / "sales" / "b.csv", "id\n2\n-3\n")
     records = inbox.offer([FileEvent.of(path)])
     changelog = DeltaTable(str(cfg.changelog)).version()
+    table = pipeline.sinks.table
+    checks_then = table.checks  # the plan reads the constraints; one is added before the commit looks again
+    pipeline.sinks.table.checks = lambda schema: (  # type: ignore[method-assign]
+        checks_then(schema), DeltaTable(str(cfg.table)).alter.add_constraint({"id_positive": "id > 0"}))[0]
 
-    with pytest.raises(ConstraintError, match=r"CHECK constraints .* id_positive \(id > 0\).*DROP CONSTRAINT") as no:
+    with pytest.raises(TransientError, match=r"not checked against, added or changed since .* id_positive \(id > 0\)"):
+        pipeline.process(records, 1)
+    assert DeltaTable(str(cfg.changelog)).version() == changelog and _ids(cfg.table) == [1]  # nothing committed
+
+    pipeline.sinks.table.checks = checks_then  # type: ignore[method-assign]
+    pipeline.process(records, 1)  # the batch tried again, planned anew
+    pipeline.process(records, 1)  # and replayed: nothing twice
+    assert _ids(cfg.table) == [1, 2] and _ids(cfg.changelog) == [1, 2]
+    [parked] = DeltaTable(str(cfg.quarantine)).to_pyarrow_table().to_pylist()
+    assert "id_positive" in parked["reason"]
+
+
+def test_a_check_constraint_lakefeed_cannot_evaluate_refuses_the_batch_before_any_table_takes_it(tmp_path):
+    cfg, pipeline, inbox = _pipeline(tmp_path)
+    _process(cfg, pipeline, inbox, "a.csv", "id\n1\n", 0)
+    DeltaTable(str(cfg.table)).alter.add_constraint({"id_even": "id % 2 = 1"})
+    path = land(cfg.source.path / "sales" / "b.csv", "id\n3\n")
+    records = inbox.offer([FileEvent.of(path)])
+    changelog = DeltaTable(str(cfg.changelog)).version()
+
+    with pytest.raises(ConstraintError, match=r"id_even \(id % 2 = 1\): lakefeed does not evaluate .*DROP CONSTRAINT") \
+            as no:
         pipeline.process(records, 1)
     assert no.value.path == cfg.table / "_delta_log" and no.value.stamp is not None
     assert DeltaTable(str(cfg.changelog)).version() == changelog and _ids(cfg.table) == [1]  # nothing committed
 
-    DeltaTable(str(cfg.table)).alter.drop_constraint("id_positive")
-    pipeline.process(records, 1)  # the batch replayed
-    pipeline.process(records, 1)  # and replayed again: nothing twice
-    assert _ids(cfg.table) == [-3, 1, 2] and _ids(cfg.changelog) == [-3, 1, 2]
+    DeltaTable(str(cfg.table)).alter.drop_constraint("id_even")
+    pipeline.process(records, 1)
+    assert _ids(cfg.table) == [1, 3] and _ids(cfg.changelog) == [1, 3]
 
 
 def test_a_commit_of_task_files_checks_the_table_itself(tmp_path):
@@ -124,19 +169,26 @@ def test_a_commit_of_task_files_checks_the_table_itself(tmp_path):
     assert DeltaTable(str(tmp_path / "t")).version() == 0
 
 
-def test_the_daemon_stops_the_entity_on_a_check_constraint_and_starts_it_once_dropped(tmp_path):
+def test_the_daemon_quarantines_what_a_check_refuses_and_stops_the_entity_on_one_it_cannot_evaluate(tmp_path):
     config_path = write_config(tmp_path)
     landing = tmp_path / "landing" / "sales"
-    table = tmp_path / "lake" / "sales" / "table"
+    lake = tmp_path / "lake" / "sales"
     with Daemon(config_path, tmp_path / "daemon.log") as daemon:
         daemon.start()
         land(landing / "a.csv", "id\n1\n")
-        wait_for(lambda: _ids(table) == [1], 120, 0.3, "the first file's row")
-        DeltaTable(str(table)).alter.add_constraint({"id_positive": "id > 0"})
-        land(landing / "b.csv", "id\n2\n")
-        wait_for(lambda: [e for e in daemon.records("entity.failed") if "id_positive" in e["error"]], 120, 0.3,
-                 "entity.failed naming the constraint")
-        DeltaTable(str(table)).alter.drop_constraint("id_positive")  # the table's log changes: it starts again
-        wait_for(lambda: _ids(table) == [1, 2], 120, 0.3, "the second file's row, once the constraint is gone")
+        wait_for(lambda: _ids(lake / "table") == [1], 120, 0.3, "the first file's row")
+        DeltaTable(str(lake / "table")).alter.add_constraint({"id_positive": "id > 0"})
+        land(landing / "b.csv", "id\n2\n-5\n")
+        wait_for(lambda: _ids(lake / "table") == [1, 2] and _parked(lake / "quarantine"), 120, 0.3,
+                 "the second file's good row committed, its bad one quarantined")
+        [parked] = _parked(lake / "quarantine")
+        assert "id_positive" in parked["reason"] and json.loads(parked["raw"]) == {"id": "-5"}
+
+        DeltaTable(str(lake / "table")).alter.add_constraint({"id_mod": "id % 7 >= 0"})
+        land(landing / "c.csv", "id\n3\n")
+        wait_for(lambda: [e for e in daemon.records("entity.failed") if "id_mod" in e["error"]], 120, 0.3,
+                 "entity.failed naming the constraint it cannot evaluate")
+        DeltaTable(str(lake / "table")).alter.drop_constraint("id_mod")  # the table's log changes: it starts again
+        wait_for(lambda: _ids(lake / "table") == [1, 2, 3], 120, 0.3, "the third file's row, once it is gone")
         assert daemon.events("entity.reviving") == 1
         daemon.stop()

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakefeed.batch.cdc import MergePlan
+from lakefeed.batch.checks import Checks
 from lakefeed.connectors.sinks.data_files import DataFile
 
 
@@ -28,14 +29,20 @@ class TableSink(ABC):
 
     @abstractmethod
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
-                     metadata: dict[str, str]) -> None:
+                     metadata: dict[str, str], checked: Checks = ()) -> None:
         """Commit data files written by tasks (connectors/sinks/data_files.py) in one commit recording
         (app_id, version) and `metadata`; the table is made, or gains the columns of `schema` it lacks, first."""
 
     @abstractmethod
-    def check_files(self, files: list[DataFile]) -> None:
-        """Raise ConstraintError when the table's constraints forbid adding `files` (connectors/sinks/constraints.py).
-        `commit_files` checks too: a caller checks first to refuse a batch before another table commits it."""
+    def check_files(self, files: list[DataFile], checked: Checks = ()) -> None:
+        """Raise ConstraintError when the table's constraints forbid adding `files`, whose rows the tasks checked
+        against the CHECK constraints `checked` (connectors/sinks/constraints.py). `commit_files` checks too: a
+        caller checks first to refuse a batch before another table commits it."""
+
+    @abstractmethod
+    def checks(self, schema: pa.Schema | None) -> Checks:
+        """The table's CHECK constraints, for the tasks to evaluate on rows of `schema` (none while there is no
+        table); raises ConstraintError for one lakefeed cannot evaluate."""
 
     @abstractmethod
     def compact(self, target_bytes: int) -> tuple[int, int]:

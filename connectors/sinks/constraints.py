@@ -1,13 +1,15 @@
 """What a table's constraints ask of files written by tasks, checked before a commit adds them.
 
 A Delta writer must enforce the table's CHECK constraints (`delta.constraints.<name>` in its configuration) and its
-NOT NULL columns. delta-rs and Spark do so as they write rows; a commit of files that tasks wrote
-(`TableSink.commit_files`) adds them without a look inside. So, before it adds them:
+NOT NULL columns. delta-rs and Spark do so as they write rows; lakefeed's tasks write the files, so they set apart
+the rows that break one (daemon/batch/checks.py), and a commit of those files (`TableSink.commit_files`) checks,
+before it adds them, that nothing changed since:
 
-- NOT NULL is checked exactly from each file's statistics (its null counts). The tasks already set apart the rows
-  with a null there (daemon/pipeline/tasks.py), so this fails only for a column made NOT NULL since they ran.
-- A CHECK constraint is an SQL expression that lakefeed does not evaluate: a table that has one takes no files from
-  lakefeed. The commit is refused, before anything is added, with the constraint and what to do.
+- NOT NULL is checked exactly from each file's statistics (its null counts): this fails only for a column made
+  NOT NULL since the tasks ran.
+- The table's CHECK constraints must be the ones the tasks evaluated. One added or changed since fails the commit
+  as a store fault would: the batch is tried again, planned anew, its rows checked against the constraints then.
+- A CHECK constraint lakefeed cannot evaluate (`evaluable`) stops the entity with the constraint and what to do.
 """
 
 from __future__ import annotations
@@ -18,22 +20,42 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakefeed.batch import checks
+from lakefeed.batch.checks import Checks
 from lakefeed.connectors.sinks import cdm_manifest
 from lakefeed.connectors.sinks.data_files import DataFile
-from lakefeed.errors import ConstraintError
+from lakefeed.errors import ConstraintError, TransientError
 from lakefeed.inbox.storage import is_s3
 
 PREFIX = "delta.constraints."
 
 
-def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: list[DataFile]) -> None:
-    """Raise ConstraintError when the table (at `uri`, with this configuration and schema) cannot take `files`."""
-    checks = {k.removeprefix(PREFIX): v for k, v in configuration.items() if k.startswith(PREFIX)}
-    if checks:
-        named = ", ".join(f"{name} ({expression})" for name, expression in sorted(checks.items()))
-        raise _refused(uri, f"table {uri} has CHECK constraints that lakefeed does not evaluate: {named}. Its tasks "
-                       "write the table's files, so it adds none to a table with one: drop them (ALTER TABLE ... "
-                       "DROP CONSTRAINT <name>) and check them in a view or downstream")
+def of(configuration: dict[str, Any]) -> Checks:
+    """The CHECK constraints in a table's configuration, by name."""
+    return tuple(sorted((k.removeprefix(PREFIX), v) for k, v in configuration.items() if k.startswith(PREFIX)))
+
+
+def evaluable(uri: str, configuration: dict[str, Any], schema: pa.Schema) -> Checks:
+    """The table's CHECK constraints, once each is found to be one lakefeed evaluates on rows of `schema`."""
+    found = of(configuration)
+    try:
+        checks.compiled(found, schema)
+    except checks.Unsupported as e:
+        raise _refused(uri, f"table {uri}: {e}. lakefeed's tasks write the table's files and check their rows "
+                       "themselves, so it adds none to a table with such a constraint: drop it (ALTER TABLE ... "
+                       "DROP CONSTRAINT <name>) or write it with what lakefeed evaluates (docs/bad-input.md)") from None
+    return found
+
+
+def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: list[DataFile],
+          checked: Checks = ()) -> None:
+    """Raise when the table (at `uri`, with this configuration and schema) cannot take `files`, whose rows were
+    checked against the CHECK constraints `checked`."""
+    if changed := [c for c in of(configuration) if c not in checked]:
+        named = ", ".join(f"{name} ({expression})" for name, expression in changed)
+        raise TransientError(f"table {uri} has CHECK constraints the batch's rows were not checked against, added "
+                             f"or changed since its tasks ran: {named}. The batch is tried again, its rows checked "
+                             "against them")
     required = [f.name for f in schema if not f.nullable]
     for file in files if required else ():
         nulls = json.loads(file.stats or "{}").get("nullCount") or {}

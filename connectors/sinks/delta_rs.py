@@ -25,6 +25,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from lakefeed import log
 from lakefeed.batch.cdc import KIND, MergePlan
+from lakefeed.batch.checks import Checks
 from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks import constraints
 from lakefeed.connectors.sinks.base import TableSink
@@ -147,7 +148,7 @@ class DeltaRsSink(TableSink):
             self._committed(app_id, target.version(), version)
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
-                     metadata: dict[str, str]) -> None:
+                     metadata: dict[str, str], checked: Checks = ()) -> None:
         actions = [AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files]
         properties = CommitProperties(custom_metadata=metadata, app_transactions=[Transaction(app_id, version)])
         table = self._load()
@@ -157,7 +158,7 @@ class DeltaRsSink(TableSink):
                                           storage_options=self._options, commit_properties=properties)
             return
         current = pa.schema(table.schema().to_arrow())
-        constraints.check(self.uri, table.metadata().configuration, current, files)
+        constraints.check(self.uri, table.metadata().configuration, current, files, checked)
         new = [f for f in delta_compatible(schema) if f.name not in current.names]
         if new:  # a commit of its own, before the files': a replay finds the columns there and goes on
             table.alter.add_columns([DeltaField.from_arrow(f) for f in new])
@@ -167,10 +168,15 @@ class DeltaRsSink(TableSink):
                                        commit_properties=properties)
         self._committed(app_id, base + 1, version)  # the table object stays at `base`: the next load finds it
 
-    def check_files(self, files: list[DataFile]) -> None:
+    def check_files(self, files: list[DataFile], checked: Checks = ()) -> None:
         table = self._load()
         if table is not None:
-            constraints.check(self.uri, table.metadata().configuration, pa.schema(table.schema().to_arrow()), files)
+            constraints.check(self.uri, table.metadata().configuration, pa.schema(table.schema().to_arrow()), files,
+                              checked)
+
+    def checks(self, schema: pa.Schema | None) -> Checks:
+        table = self._load() if schema is not None else None
+        return constraints.evaluable(self.uri, table.metadata().configuration, schema) if table is not None else ()
 
     def compact(self, target_bytes: int) -> tuple[int, int]:
         table = self._load()

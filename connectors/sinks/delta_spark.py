@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from lakefeed.batch.cdc import KIND, MergePlan
+from lakefeed.batch.checks import Checks
 from lakefeed.batch.schema import delta_compatible
 from lakefeed.connectors.sinks import column_mapping, constraints, delta_rs
 from lakefeed.connectors.sinks.column_mapping import MAX_ID, MODE
@@ -133,7 +134,7 @@ class DeltaSparkSink(DeltaRsSink):
         self._write(self._frame(data), app_id, version, metadata)
 
     def commit_files(self, files: list[DataFile], schema: pa.Schema, app_id: str, version: int,
-                     metadata: dict[str, str]) -> None:
+                     metadata: dict[str, str], checked: Checks = ()) -> None:
         table = self._load()
         now = int(time.time() * 1000)
         actions: list[dict[str, Any]] = [{"txn": {"appId": app_id, "version": version, "lastUpdated": now}}]
@@ -143,7 +144,7 @@ class DeltaSparkSink(DeltaRsSink):
         else:
             self._check_physical_names(table)
             current = pa.schema(table.schema().to_arrow())
-            constraints.check(self.uri, table.metadata().configuration, current, files)
+            constraints.check(self.uri, table.metadata().configuration, current, files, checked)
             if mapping is not None:  # in a commit of its own first: a replay finds the columns there
                 self._commit([mapping], {})
             elif any(f.name not in current.names for f in delta_compatible(schema)):

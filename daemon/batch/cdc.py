@@ -103,7 +103,8 @@ def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[
             bad_rows[int(i)] = f"unknown operation {ops[int(i)].as_py()!r} in column {cfg.op_column!r}"
     for name in (*cfg.primary_key, *cfg.sequence_by):
         if name not in data.column_names:
-            return data.slice(0, 0), _bad(data, dict.fromkeys(range(data.num_rows), f"column {name!r} is missing"))
+            return data.slice(0, 0), bad_reasons(data, dict.fromkeys(range(data.num_rows),
+                                                                     f"column {name!r} is missing"))
         for i in np.flatnonzero(data.column(name).is_null().to_numpy(zero_copy_only=False)):
             bad_rows.setdefault(int(i), f"{'key' if name in cfg.primary_key else 'sequence'} column {name!r} is null")
     data = data.set_column(data.schema.get_field_index(KIND), KIND, kinds)
@@ -111,7 +112,7 @@ def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[
         return data, []
     keep = np.ones(data.num_rows, dtype=bool)
     keep[list(bad_rows)] = False
-    return data.filter(pa.array(keep)), _bad(data, bad_rows)
+    return data.filter(pa.array(keep)), bad_reasons(data, bad_rows)
 
 
 def _text(data: pa.Table, column: str) -> pa.Array:
@@ -123,30 +124,11 @@ def _text(data: pa.Table, column: str) -> pa.Array:
 
 def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
     """Every row of `data` as a quarantined row with the same reason."""
-    return _bad(data, dict.fromkeys(range(data.num_rows), reason))
+    return bad_reasons(data, dict.fromkeys(range(data.num_rows), reason))
 
 
-def not_null(data: pa.Table, target: pa.Schema | None) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
-    """The rows of an append entity that a table with NOT NULL columns (`target`'s) can take, and the others
-    quarantined, each naming the first such column it has no value in. A keyed entity's rows (`__kind`) are left
-    to its MERGE, which checks what it writes (a delete writes no row)."""
-    required = [f.name for f in target or () if not f.nullable]
-    if not required or not data.num_rows or KIND in data.column_names:
-        return data, []
-    reasons: dict[int, str] = {}
-    for name in required:
-        empty = (pc.is_null(data.column(name)).to_numpy(zero_copy_only=False) if name in data.column_names
-                 else np.ones(data.num_rows, dtype=bool))
-        for i in np.flatnonzero(empty):
-            reasons.setdefault(int(i), f"column {name!r} is NOT NULL in the table, and the row has no value there")
-    if not reasons:
-        return data, []
-    keep = np.ones(data.num_rows, dtype=bool)
-    keep[list(reasons)] = False
-    return data.filter(pa.array(keep)), _bad(data, reasons)
-
-
-def _bad(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
+def bad_reasons(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:
+    """The rows of `data` numbered in `reasons` as quarantined rows, each with its reason."""
     out = []
     visible = [c for c in data.column_names if c != "source_file" and not c.startswith("__")]
     for i, reason in sorted(reasons.items()):
@@ -235,7 +217,7 @@ def _paths(data: pa.Table, order: np.ndarray, new_key: np.ndarray, update_of_abs
         # batch both paths are absent (always); before any, only A is (when the table does not hold the key).
         always = is_["update"] & ~before["P"] & row_goes
         if always.any():
-            bad = _bad(data, dict.fromkeys(order[always].tolist(), "update of a key deleted before it"))
+            bad = bad_reasons(data, dict.fromkeys(order[always].tolist(), "update of a key deleted before it"))
         picks.append((rows[is_["update"] & before["P"] & ~before["A"] & row_goes], BAD_IF_ABSENT))
     if waits.any():
         waiting = rows[~row_goes]
@@ -282,7 +264,8 @@ def resolve(reduced: pa.Table, held: np.ndarray) -> tuple[pa.Table, list[tuple[s
     kinds = reduced.column(KIND)
     is_ = {kind: pc.equal(kinds, kind).to_numpy(zero_copy_only=False) for kind in (IF_HELD, IF_ABSENT, BAD_IF_ABSENT)}
     bad_rows = is_[BAD_IF_ABSENT] & ~held
-    bad = _bad(reduced, dict.fromkeys(np.flatnonzero(bad_rows).tolist(), "update of a key the table does not hold"))
+    bad = bad_reasons(reduced, dict.fromkeys(np.flatnonzero(bad_rows).tolist(),
+                                             "update of a key the table does not hold"))
     keep = ~(is_[BAD_IF_ABSENT] | (is_[IF_HELD] & ~held) | (is_[IF_ABSENT] & held))
     out = reduced.filter(pa.array(keep))
     kind = pc.if_else(pc.equal(out.column(KIND), IF_HELD), "upsert",

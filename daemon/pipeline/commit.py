@@ -256,8 +256,9 @@ class Committer:
         workers = sorted({*(s.worker for s in staged), *(w.worker for w in written)})
         placed = {"lakefeed.workers": json.dumps(workers)}
         empty = schema.empty_table()
+        checked = next((s.checks for s in staged if s.rows), ())  # the CHECK constraints the tasks evaluated
         if table_due and first is not None:  # refused before the changelog takes a batch the table would not
-            self.sinks.table.check_files([f for w in written for f in w.table])
+            self.sinks.table.check_files([f for w in written for f in w.table], checked)
         if first is not None:
             files = [f for w in written for f in w.changelog]
             shape = build_changelog(empty, first, batch_id, checked_at).schema
@@ -269,7 +270,7 @@ class Committer:
         if table_due:
             files = [f for w in written for f in w.table]
             self.sinks.table.commit_files(files, data_columns(empty).schema, self.app_id, batch_id,
-                                          {**table_meta, **placed})
+                                          {**table_meta, **placed}, checked)
         self.staging.tidy(batch_id, written, self.sinks.changelog, self.sinks.table, log_)
         return workers
 

@@ -3,13 +3,12 @@ in the daemon, this process without Spark.
 
 Two stages, so that changelog offsets are dense and deterministic whatever order tasks finish in, and however
 often one is retried:
-1. stage: read the batch's rows and take them as a batch does (conformed, tagged, stamped, late rows set apart),
-   and write them to the batch's staging folder (Arrow IPC, beside the changelog) under a name their place in
-   the batch fixes (a keyed entity's cut into buckets by key, for the reduction's tasks: daemon/pipeline/keyed.py).
-   It returns counts, the schema and the latest event time (`Staged`); its bad rows it writes as a file of the
-   quarantine table (daemon/pipeline/quarantine_files.py) and returns that file's add action. `stage`: a run
-   of landed files (daemon/batch/file_rows.py); `stage_frames`: a run of push frames; `stage_messages`: a
-   partition of a Kafka batch, in the task that read it.
+1. stage: read the batch's rows and take them as a batch does (conformed, tagged, stamped; late rows and rows the
+   table's constraints refuse set apart), and write them to the batch's staging folder (Arrow IPC) under a name
+   their place in the batch fixes (a keyed entity's cut into buckets by key: daemon/pipeline/keyed.py). It returns
+   counts, the schema and the latest event time (`Staged`); its bad rows it writes as a file of the quarantine
+   table (daemon/pipeline/quarantine_files.py). `stage`: a run of landed files (daemon/batch/file_rows.py);
+   `stage_frames`: a run of push frames; `stage_messages`: a partition of a Kafka batch, where it was read.
 2. `write`, one task per run of staged parts in order: the driver has summed the counts, so each run knows
    its first changelog offset. It writes the changelog's and the table's Parquet files straight into their
    tables' folders and returns only their add actions (connectors/sinks/data_files.py).
@@ -32,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefeed import clock, failpoints, log
-from lakefeed.batch import cdc, event_time, frames, messages, positions
+from lakefeed.batch import cdc, checks, event_time, frames, messages, positions
 from lakefeed.batch.changelog import build_changelog, data_columns
+from lakefeed.batch.checks import Checks
 from lakefeed.batch.discovery import Partition
 from lakefeed.batch.file_rows import read_file
 from lakefeed.batch.read import BadRow, conform
@@ -108,6 +108,7 @@ class StageJob:
     watermark: datetime | None
     staging: str  # the batch's staging folder (a local path or s3:// URL)
     buckets: int = 0  # a keyed entity's: how many buckets its rows are cut into by key (0: not cut)
+    checks: Checks = ()  # the table's CHECK constraints, which its rows must pass
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,13 @@ class Staged:
     schema: pa.Schema | None = None
     path: str | None = None  # the staged rows (a local path or s3:// URL)
     latest: datetime | None = None  # the latest event time of its rows
+    checks: Checks = ()  # the CHECK constraints its rows passed
     worker: str = ""
     buckets: tuple[str, ...] = ()  # instead of `path`, cut by key: each bucket's rows ("": none)
     quarantined: Quarantined | None = None  # instead of `bad`: the task's bad rows, written (one unit carries them)
 
     @property
-    def paths(self) -> tuple[str, ...]:
-        """Every file of the staged rows."""
+    def paths(self) -> tuple[str, ...]:  # every file of the staged rows
         return (self.path,) if self.path else tuple(b for b in self.buckets if b)
 
 
@@ -178,6 +179,7 @@ class FramesJob:
     watermark: datetime | None
     staging: str
     buckets: int = 0
+    checks: Checks = ()
 
 
 def stage_frames(job: FramesJob) -> list[Staged]:
@@ -220,6 +222,7 @@ class MessagesJob:
     watermark: datetime | None
     staging: str
     buckets: int = 0
+    checks: Checks = ()
 
 
 @dataclass(frozen=True)
@@ -254,8 +257,7 @@ def messages_rows(job: MessagesJob, batch: pa.Table) -> tuple[pa.Table | None, l
     """Messages decoded, conformed, stamped, tagged: where one may crash the task (daemon/pipeline/poison.py)."""
     failpoints.reached_each("stage.message", lambda: (bytes(v or b"").decode("utf-8", "replace")
                                                       for v in batch.column("value").to_pylist()))
-    cfg = job.cfg
-    source = cfg.kafka_source(job.stream)
+    cfg, source = job.cfg, job.cfg.kafka_source(job.stream)
     assert source is not None
     rows, bad, _ = messages.decode(batch, source, cfg.cdc.debezium)
     if rows is None:
@@ -275,8 +277,8 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
     written to the batch's staging folder (a keyed entity's by bucket)."""
     cfg, watermark = job.cfg, job.watermark
     late = 0
-    if table is not None:  # what the table's NOT NULL columns refuse: quarantined before any table takes it
-        table, refused = cdc.not_null(table, job.target)
+    if table is not None:  # what the table's constraints refuse: quarantined before any table takes it
+        table, refused = checks.refused(table, job.target, job.checks)
         bad.extend(refused)
     if table is not None and cfg.event_time.late_policy != "apply":
         mask = event_time.late_mask(table, watermark)
@@ -288,7 +290,7 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
             else:
                 log_.info("rows.late_dropped", rows=late, watermark=clock.to_cdm(watermark))  # type: ignore[arg-type]
             table = table.filter(pa.array(~mask))
-    common = {"found": True, "bad": tuple(bad), "late": late, "worker": where}
+    common = {"found": True, "bad": tuple(bad), "late": late, "worker": where, "checks": job.checks}
     if table is None:
         return Staged(offset, location, **common)
     done = {"rows": table.num_rows, "schema": table.schema,
