@@ -27,9 +27,9 @@ class ManifestError(TerminalError):
 
 
 class ConstraintError(TerminalError):
-    """A table has a constraint that a commit of files written by tasks cannot honour; `path` is the table's log
-    folder when the table is local (a change to it, such as the constraint dropped, starts the entity again) and
-    `stamp` its version as it was checked."""
+    """A table has a CHECK constraint lakefeed's tasks cannot evaluate (daemon/batch/checks.py); `path` is the
+    table's log folder when the table is local (a change to it, such as the constraint dropped, starts the entity
+    again) and `stamp` its version as it was checked."""
 
     def __init__(self, message: str, path: Path | None = None, stamp: tuple[int, ...] | None = None) -> None:
         super().__init__(message)

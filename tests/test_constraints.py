@@ -164,7 +164,7 @@ def test_a_commit_of_task_files_checks_the_table_itself(tmp_path):
     strict = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     write_deltalake(str(tmp_path / "t"), pa.Table.from_arrays([pa.array([1], pa.int64())], schema=strict))
     nulls = DataFile("x.parquet", 1, {}, 0, json.dumps({"numRecords": 2, "nullCount": {"id": 1}}), 2)
-    with pytest.raises(ConstraintError, match="NOT NULL columns id, and the batch's file x.parquet holds nulls"):
+    with pytest.raises(TransientError, match="NOT NULL columns id, and the batch's file x.parquet holds nulls"):
         sink.commit_files([nulls], pa.schema([pa.field("id", pa.int64())]), "app", 0, {})
     assert DeltaTable(str(tmp_path / "t")).version() == 0
 

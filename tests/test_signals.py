@@ -37,3 +37,42 @@ def test_sigterm_ends_a_main_loop_that_waits_on_the_event_it_sets():
             child.kill()
             child.wait()
     assert hung == 0, f"{hung} of {len(children)} did not stop"
+
+
+# The main thread in a long C call that lets other threads run but checks no signals (SQLite's, as delta-rs's calls
+# into Rust are): a Python handler runs only once the call returns; the `signals` thread runs at once.
+BUSY = """
+import os, signal, sqlite3, sys, threading, time
+from lakefeed.ops import signals
+taken = []
+if sys.argv[1] == "route":
+    signals.route([signal.SIGUSR2], lambda signum: taken.append(time.monotonic()))
+else:
+    signal.signal(signal.SIGUSR2, lambda signum, frame: taken.append(time.monotonic()))
+query = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000000) SELECT count(*) FROM c"
+db = sqlite3.connect(":memory:")
+
+
+def send():  # once the main thread is in the query
+    deadline = time.monotonic() + 60
+    while sys._current_frames()[threading.main_thread().ident].f_lineno != IN_QUERY and time.monotonic() < deadline:
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGUSR2)
+IN_QUERY = sys._getframe().f_lineno + 2
+threading.Thread(target=send).start()
+db.execute(query).fetchone()
+ended = time.monotonic()
+print("during" if taken and ended - taken[0] > 0.5 else "after", flush=True)  # the query takes seconds
+"""
+
+
+def _taken(how: str) -> str:
+    child = subprocess.Popen([sys.executable, "-c", BUSY, how], stdout=subprocess.PIPE, text=True)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0
+    return out.strip()
+
+
+def test_a_routed_signal_is_taken_while_the_main_thread_is_in_a_long_c_call():
+    assert _taken("handler") == "after"  # the way SIGUSR2's stacks were taken: only once the call returned
+    assert _taken("route") == "during"

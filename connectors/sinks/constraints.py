@@ -5,10 +5,9 @@ NOT NULL columns. delta-rs and Spark do so as they write rows; lakefeed's tasks 
 the rows that break one (daemon/batch/checks.py), and a commit of those files (`TableSink.commit_files`) checks,
 before it adds them, that nothing changed since:
 
-- NOT NULL is checked exactly from each file's statistics (its null counts): this fails only for a column made
-  NOT NULL since the tasks ran.
-- The table's CHECK constraints must be the ones the tasks evaluated. One added or changed since fails the commit
-  as a store fault would: the batch is tried again, planned anew, its rows checked against the constraints then.
+- NOT NULL is checked exactly from each file's statistics (its null counts), and the table's CHECK constraints must
+  be the ones the tasks evaluated. A column made NOT NULL, or a constraint added or changed, since the tasks ran
+  fails the commit as a store fault would: the batch is tried again, planned anew, its rows checked then.
 - A CHECK constraint lakefeed cannot evaluate (`evaluable`) stops the entity with the constraint and what to do.
 """
 
@@ -60,9 +59,9 @@ def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: lis
     for file in files if required else ():
         nulls = json.loads(file.stats or "{}").get("nullCount") or {}
         if found := [name for name in required if (nulls.get(name) or 0) > 0]:
-            raise _refused(uri, f"table {uri} has NOT NULL columns {', '.join(found)}, and the batch's file "
-                           f"{file.path} holds nulls there: the columns were made NOT NULL after its rows were "
-                           "checked. The batch is tried again (its rows checked anew) once the entity starts")
+            raise TransientError(f"table {uri} has NOT NULL columns {', '.join(found)}, and the batch's file "
+                                 f"{file.path} holds nulls there: the columns were made NOT NULL after its rows were "
+                                 "checked. The batch is tried again, its rows checked anew")
 
 
 def _refused(uri: str, message: str) -> ConstraintError:

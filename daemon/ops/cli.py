@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     malloc.limit_arenas()  # before the supervisor's imports load deltalake
     from lakefeed.ops.supervisor import Supervisor  # Spark is heavy: only for `run` and `backfill`
 
-    signal.signal(signal.SIGUSR2, log.print_stacks)  # `kill -USR2`: what a daemon that does not stop waits on
+    # `kill -USR2`: what a daemon that does not stop waits on (from Spark's start, the supervisor's `signals` thread)
+    signal.signal(signal.SIGUSR2, log.print_stacks)
 
     try:
         if args.command == "backfill":

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 def route(signums: Iterable[int], on_signal: Callable[[int], None]) -> None:
     """From now on, each of `signums` calls `on_signal(signum)` in the thread `signals`. Call from the main thread,
-    once; signals with handlers of their own (SIGUSR2's stacks) still run them."""
+    once; other signals with handlers of their own still run them."""
     wanted = set(signums)
     read, write = socket.socketpair()
     write.setblocking(False)  # set_wakeup_fd's condition: a signal never blocks on a full socket

@@ -76,7 +76,11 @@ class Supervisor:
         self.compactions = Compactions(lambda: self.runners, secrets.token_urlsafe(32), self._stop.is_set)
 
     def _on_signal(self, signum: int) -> None:
-        """In the thread `signals` (daemon/ops/signals.py), never in a handler: it may wait for any lock."""
+        """In the thread `signals` (daemon/ops/signals.py), never in a handler: it may wait for any lock, and answers
+        while the main thread is in C (a Spark call), where a Python handler would wait for it."""
+        if signum == signal.SIGUSR2:
+            log.print_stacks(signum, None)
+            return
         if signum == signal.SIGHUP:
             self._reload.set()
             return
@@ -117,7 +121,7 @@ class Supervisor:
         # After the SparkContext exists: it installs a SIGINT handler of its own that raises
         # KeyboardInterrupt, which would skip the graceful stop.
         if threading.current_thread() is threading.main_thread():
-            signals.route((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal)
+            signals.route((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2), self._on_signal)
         try:
             writers.warm_up(self.cfg, session)
             self._excluded = (self.cfg.lake_dir, self.cfg.state_dir)
