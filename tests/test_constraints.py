@@ -24,7 +24,8 @@ from lakefeed.errors import ConstraintError, TransientError
 from lakefeed.inbox.files import FileEvent, Inbox
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
-from tests.conftest import land, wait_for, write_config
+from tests.conftest import entity_yaml, land, wait_for, write_config
+from tests.test_cdc import _prepared
 from tests.test_daemon_process import Daemon
 
 NAMES = ("a", "b", "c")
@@ -41,7 +42,7 @@ def test_rows_with_no_value_in_a_not_null_column_are_set_apart_naming_the_first(
     rows = pa.table({**{c: pa.array(values[c], pa.int64()) for c in present},
                      "source_file": [f"f{i}" for i in range(n)]})
 
-    kept, bad = checks.refused(rows, target, ())
+    kept, bad = checks.refused(rows, target, (), config.CdcConfig())
 
     def first_empty(i: int) -> str | None:  # the model: the target's order, a missing column is empty
         return next((c for c in NAMES if c in required and (c not in present or values[c][i] is None)), None)
@@ -53,7 +54,8 @@ def test_rows_with_no_value_in_a_not_null_column_are_set_apart_naming_the_first(
 
 def test_a_keyed_entity_s_rows_are_left_to_its_merge():
     rows = cdc.tag(pa.table({"a": pa.array([None, 1], pa.int64())}), "delete", 0)
-    kept, bad = checks.refused(rows, pa.schema([pa.field("a", pa.int64(), nullable=False)]), ())
+    kept, bad = checks.refused(rows, pa.schema([pa.field("a", pa.int64(), nullable=False)]), (),
+                               config.CdcConfig(strategy="upsert", primary_key=("a",)))
     assert kept.num_rows == 2 and bad == []
 
 
@@ -192,3 +194,28 @@ def test_the_daemon_quarantines_what_a_check_refuses_and_stops_the_entity_on_one
         wait_for(lambda: _ids(lake / "table") == [1, 2, 3], 120, 0.3, "the third file's row, once it is gone")
         assert daemon.events("entity.reviving") == 1
         daemon.stop()
+
+
+def test_a_keyed_entity_s_rows_that_break_a_check_are_set_apart_and_its_deletes_still_apply(tmp_path):
+    entity = entity_yaml(format={"kind": "ndjson"},
+                         patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.json"}],
+                         cdc={"strategy": "changelog", "primary_key": ["id"], "debezium": True})
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+
+    def batch(events: list[dict], batch_id: int):
+        path = land(cfg.source.path / "data" / f"{batch_id}.json", "".join(json.dumps(e) + "\n" for e in events))
+        return pipeline.process(inbox.offer([FileEvent.of(path)]), batch_id)
+
+    batch([{"before": None, "after": {"id": 1, "v": "a"}, "op": "c"},
+           {"before": None, "after": {"id": 2, "v": "x"}, "op": "c"}], 0)
+    DeltaTable(str(cfg.table)).alter.add_constraint({"not_bad": "v <> 'bad'"})
+    result = batch([{"before": {"id": 1, "v": "a"}, "after": {"id": 1, "v": "bad"}, "op": "u"},
+                    {"before": {"id": 2, "v": "bad"}, "after": None, "op": "d"},  # a delete writes no row
+                    {"before": None, "after": {"id": 3, "v": "z"}, "op": "c"}], 1)
+
+    assert result.quarantined == 1
+    assert sorted((r["id"], r["v"]) for r in DeltaTable(str(cfg.table)).to_pyarrow_table().to_pylist()) == [
+        (1, "a"), (3, "z")]
+    [parked] = _parked(cfg.quarantine)
+    assert parked["reason"] == "breaks the table's CHECK constraint not_bad (v != 'bad')"  # as delta-rs stored it
+    assert json.loads(parked["raw"])["v"] == "bad"

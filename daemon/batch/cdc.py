@@ -84,22 +84,11 @@ def tag_rows(table: pa.Table, kind: str, order: np.ndarray) -> pa.Table:
 
 def resolve_kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """Per-row kinds for upsert_and_delete (delete marker) and changelog (op column); bad rows out."""
-    kinds = data.column(KIND).combine_chunks()
+    kinds, ops = _kinds(data, cfg)
     bad_rows: dict[int, str] = {}
-    marked = pc.equal(kinds, "upsert_and_delete")
-    if pc.any(marked).as_py():
-        # A marker is compared as its text; a missing one (null) as "None", as Python would write it.
-        marker = pc.fill_null(_text(data, cfg.delete_column), "None")
-        deleted = pc.is_in(marker, value_set=pa.array(cfg.delete_values, pa.string()))
-        kinds = pc.if_else(marked, pc.if_else(deleted, "delete", "upsert"), kinds)
-    logged = pc.equal(kinds, "changelog")
-    if pc.any(logged).as_py():
-        ops = _text(data, cfg.op_column)
-        names, meanings = (pa.array(list(part), pa.string()) for part in (cfg.op_values, cfg.op_values.values()))
-        meant = pc.take(meanings, pc.index_in(pc.fill_null(ops, ""), value_set=names))  # null: unknown
-        kinds = pc.if_else(logged, meant, kinds)
-        for i in np.flatnonzero(pc.fill_null(pc.and_(logged, pc.is_null(meant)), False).to_numpy(
-                zero_copy_only=False)):
+    if ops is not None:
+        unknown = pc.and_(pc.equal(data.column(KIND), "changelog"), pc.is_null(kinds))
+        for i in np.flatnonzero(pc.fill_null(unknown, False).to_numpy(zero_copy_only=False)):
             bad_rows[int(i)] = f"unknown operation {ops[int(i)].as_py()!r} in column {cfg.op_column!r}"
     for name in (*cfg.primary_key, *cfg.sequence_by):
         if name not in data.column_names:
@@ -125,6 +114,32 @@ def _text(data: pa.Table, column: str) -> pa.Array:
 def bad_rows(data: pa.Table, reason: str) -> list[tuple[str, BadRow]]:
     """Every row of `data` as a quarantined row with the same reason."""
     return bad_reasons(data, dict.fromkeys(range(data.num_rows), reason))
+
+
+def _kinds(data: pa.Table, cfg: CdcConfig) -> tuple[pa.Array, pa.Array | None]:
+    """Each row's kind, its delete marker or op column read (null: an unknown op), and the op column's text."""
+    kinds, ops = data.column(KIND).combine_chunks(), None
+    marked = pc.equal(kinds, "upsert_and_delete")
+    if pc.any(marked).as_py():
+        # A marker is compared as its text; a missing one (null) as "None", as Python would write it.
+        marker = pc.fill_null(_text(data, cfg.delete_column), "None")
+        deleted = pc.is_in(marker, value_set=pa.array(cfg.delete_values, pa.string()))
+        kinds = pc.if_else(marked, pc.if_else(deleted, "delete", "upsert"), kinds)
+    logged = pc.equal(kinds, "changelog")
+    if pc.any(logged).as_py():
+        ops = _text(data, cfg.op_column)
+        names, meanings = (pa.array(list(part), pa.string()) for part in (cfg.op_values, cfg.op_values.values()))
+        meant = pc.take(meanings, pc.index_in(pc.fill_null(ops, ""), value_set=names))  # null: unknown
+        kinds = pc.if_else(logged, meant, kinds)
+    return kinds, ops
+
+
+def writes_rows(data: pa.Table, cfg: CdcConfig) -> np.ndarray:
+    """Whether each tagged row would write a row to the table: not a delete, nor an update's before-image, nor a
+    row of unknown op (quarantined as such by `resolve_kinds`)."""
+    kinds, _ = _kinds(data, cfg)
+    spared = pc.or_(pc.is_in(kinds, value_set=pa.array(["delete", "update_preimage"], pa.string())), pc.is_null(kinds))
+    return ~spared.to_numpy(zero_copy_only=False).astype(bool)
 
 
 def bad_reasons(data: pa.Table, reasons: dict[int, str]) -> list[tuple[str, BadRow]]:

@@ -5,8 +5,9 @@ a Spark SQL boolean expression) on every row written. lakefeed's tasks write the
 apply them: a row with a null in a NOT NULL column, or for which a CHECK is not true, is quarantined with the
 constraint it breaks. As delta-spark's CheckDeltaInvariant, a CHECK passes a row only when it is true: false or
 null refuse it, and so does an error evaluating it (an overflow, a division by zero: Spark's ANSI mode fails the
-write). Where Spark's optimizer drops a part of the expression that would fail (`0.5 = -a` is false whatever `a` is,
-so `-a` is never evaluated and never overflows), lakefeed evaluates it all: the row is quarantined, not lost.
+write). lakefeed evaluates every part of the expression for every row, so an error anywhere refuses the row, where
+Spark may skip the part that fails (`x = 0 OR y / x > 1`: a short-circuit; `0.5 = -a`: false whatever `a` is, so
+folded): such a row is quarantined, never lost.
 
 A CHECK is parsed with sqlglot (Spark's dialect) and evaluated over the rows with Arrow's kernels, as Spark does:
 - columns (top-level; matched by name, else by name without case, as Spark resolves them), literals (numbers,
@@ -32,8 +33,9 @@ import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
 
-from lakefeed.batch.cdc import KIND, bad_reasons
+from lakefeed.batch.cdc import KIND, bad_reasons, writes_rows
 from lakefeed.batch.read import BadRow
+from lakefeed.config.model import CdcConfig
 
 Checks = tuple[tuple[str, str], ...]  # a table's CHECK constraints: (name, expression), by name
 Value = pa.Array | pa.ChunkedArray | pa.Scalar
@@ -87,11 +89,11 @@ def compiled(checks: Checks, schema: pa.Schema) -> list[Check]:
     return [Check(name, expression, schema) for name, expression in checks]
 
 
-def refused(data: pa.Table, target: pa.Schema | None,
-            checks: Checks) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
+def refused(data: pa.Table, target: pa.Schema | None, checks: Checks,
+            cdc: CdcConfig) -> tuple[pa.Table, list[tuple[str, BadRow]]]:
     """The rows the table (its schema `target`, its CHECK constraints `checks`) can take, and the others
     quarantined, each naming the first constraint it breaks. A keyed entity's rows (`__kind`) are left to its MERGE
-    for NOT NULL (a delete or an update to a row it holds writes no null of its own); its deletes to CHECKs."""
+    for NOT NULL; those that write no row (deletes, an update's before-image) are not checked at all."""
     if target is None or not data.num_rows:
         return data, []
     reasons: dict[int, str] = {}
@@ -102,8 +104,7 @@ def refused(data: pa.Table, target: pa.Schema | None,
         for i in np.flatnonzero(empty):
             reasons.setdefault(int(i), f"column {field.name!r} is NOT NULL in the table, and the row has no value "
                                        "there")
-    writes = (pc.not_equal(data.column(KIND), "delete").to_numpy(zero_copy_only=False) if keyed
-              else np.ones(data.num_rows, dtype=bool))
+    writes = writes_rows(data, cdc) if keyed else np.ones(data.num_rows, dtype=bool)
     for check in compiled(checks, target):
         for i in np.flatnonzero(writes & ~check.passes(data)):
             reasons.setdefault(int(i), f"breaks the table's CHECK constraint {check.name} ({check.expression})")
@@ -130,7 +131,6 @@ class _Evaluation:
 
     def __init__(self, data: pa.Table, schema: pa.Schema) -> None:
         self._data, self._schema = data, schema
-        self._one = data.num_rows == 1  # one row: evaluated as Spark does, skipping what it skips (an error there)
 
     def value(self, node: exp.Expression) -> Value:  # noqa: PLR0911, PLR0912 - one case per kind of node
         v = self.value
@@ -142,19 +142,14 @@ class _Evaluation:
             return _literal(node)
         if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.to.is_type("date"):
             return pa.scalar(node.this.this).cast(pa.date32())
-        if isinstance(node, (exp.And, exp.Or)):  # a row's right side is not evaluated once its left decides
-            left, decides = v(node.this), isinstance(node, exp.Or)
-            if self._one and _is(left, decides):
-                return pa.scalar(decides)
-            both = _logical(left, v(node.expression))
-            return pc.or_kleene(*both) if decides else pc.and_kleene(*both)
+        if isinstance(node, exp.And):
+            return pc.and_kleene(*_logical(v(node.this), v(node.expression)))
+        if isinstance(node, exp.Or):
+            return pc.or_kleene(*_logical(v(node.this), v(node.expression)))
         if isinstance(node, exp.Not):
             return pc.invert(_logical(v(node.this))[0])
         if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
             return pc.is_null(v(node.this))
-        if self._one and isinstance(node, exp.Binary) and not isinstance(node, exp.NullSafeEQ) \
-                and _is(left := v(node.this), None):  # Spark's binary operators give null at once then
-            return pa.scalar(None)
         if type(node) in _COMPARE:
             return _compare(_COMPARE[type(node)], v(node.this), v(node.expression))
         if isinstance(node, exp.NullSafeEQ):
@@ -185,10 +180,7 @@ class _Evaluation:
         if type(node) in _TEXT:
             return getattr(pc, _TEXT[type(node)])(_text(v(node.this)))
         if isinstance(node, exp.Coalesce):
-            values = [v(node.this)]
-            for e in node.expressions:  # Spark stops at the row's first value
-                if not (self._one and not _is(values[-1], None)):
-                    values.append(v(e))
+            values = [v(node.this), *(v(e) for e in node.expressions)]
             kind = _common([x.type for x in values])
             return pc.coalesce(*(x.cast(kind, safe=False) for x in values))
         raise Unsupported(f"lakefeed does not evaluate {node.sql(dialect='spark')!r} ({type(node).__name__})")
@@ -232,12 +224,6 @@ def _literal(node: exp.Expression) -> pa.Scalar:
         return pa.scalar(Decimal(text))
     number = int(text)
     return pa.scalar(number, pa.int32() if -(2 ** 31) <= number < 2 ** 31 else pa.int64())  # as Spark types it
-
-
-def _is(value: Value, what: bool | None) -> bool:
-    """Whether a value of one row is `what` (None: null)."""
-    one = value if isinstance(value, pa.Scalar) else value[0]
-    return not one.is_valid if what is None else one.is_valid and one.as_py() is what
 
 
 def _logical(*values: Value) -> list[Value]:

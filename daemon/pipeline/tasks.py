@@ -278,7 +278,7 @@ def _staged(job: StageJob | FramesJob | MessagesJob, store: Storage, offset: int
     cfg, watermark = job.cfg, job.watermark
     late = 0
     if table is not None:  # what the table's constraints refuse: quarantined before any table takes it
-        table, refused = checks.refused(table, job.target, job.checks)
+        table, refused = checks.refused(table, job.target, job.checks, cfg.cdc)
         bad.extend(refused)
     if table is not None and cfg.event_time.late_policy != "apply":
         mask = event_time.late_mask(table, watermark)
