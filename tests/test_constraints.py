@@ -25,7 +25,7 @@ from lakefeed.inbox.files import FileEvent, Inbox
 from lakefeed.pipeline.entity import EntityPipeline
 from lakefeed.pipeline.sinks import Sinks
 from tests.conftest import entity_yaml, land, wait_for, write_config
-from tests.test_cdc import _prepared
+from tests.test_cdc import T0, Lake, _prepared
 from tests.test_daemon_process import Daemon
 
 NAMES = ("a", "b", "c")
@@ -219,3 +219,21 @@ def test_a_keyed_entity_s_rows_that_break_a_check_are_set_apart_and_its_deletes_
     [parked] = _parked(cfg.quarantine)
     assert parked["reason"] == "breaks the table's CHECK constraint not_bad (v != 'bad')"  # as delta-rs stored it
     assert json.loads(parked["raw"])["v"] == "bad"
+
+
+@pytest.mark.parametrize("strategy", ["append", "upsert"])
+def test_a_check_added_by_spark_sql_is_honoured_by_the_delta_spark_writer(spark, tmp_path, strategy):
+    """delta-spark's own ALTER TABLE … ADD CONSTRAINT; the tasks' files (append) or its MERGE (upsert) commit the rows
+    the constraint takes, and Spark reads the table back with the constraint in force."""
+    lake = Lake(tmp_path, {"strategy": strategy, **({"primary_key": ["k"]} if strategy == "upsert" else {})},
+                writer="delta-spark")
+    row = {"v": "a", "seq": 0, "IsDelete": False, "op": "c", "et": T0}
+    lake.batch([[{**row, "k": 1}]])
+    spark.sql(f"ALTER TABLE delta.`{lake.cfg.table}` ADD CONSTRAINT k_small CHECK (k < 10 AND v <> 'bad')")
+
+    lake.batch([[{**row, "k": 2}, {**row, "k": 11}, {**row, "k": 3, "v": "bad"}]])
+
+    assert sorted(lake.state()) == [1, 2]
+    reasons = [r["reason"] for r in _parked(lake.cfg.quarantine)]
+    assert len(reasons) == 2 and all(r.startswith("breaks the table's CHECK constraint k_small (") for r in reasons)
+    assert sorted(r.k for r in spark.read.format("delta").load(str(lake.cfg.table)).collect()) == [1, 2]
