@@ -40,9 +40,10 @@ class TableSink(ABC):
         caller checks first to refuse a batch before another table commits it."""
 
     @abstractmethod
-    def checks(self, schema: pa.Schema | None) -> Checks:
+    def checks(self, schema: pa.Schema | None, merged: bool) -> Checks:
         """The table's CHECK constraints, for the tasks to evaluate on rows of `schema` (none while there is no
-        table); raises ConstraintError for one lakefeed cannot evaluate."""
+        table); raises ConstraintError for one lakefeed cannot evaluate, unless the rows are `merged` (keyed),
+        whose MERGE enforces it (connectors/sinks/constraints.py)."""
 
     @abstractmethod
     def compact(self, target_bytes: int) -> tuple[int, int]:

@@ -34,16 +34,22 @@ def of(configuration: dict[str, Any]) -> Checks:
     return tuple(sorted((k.removeprefix(PREFIX), v) for k, v in configuration.items() if k.startswith(PREFIX)))
 
 
-def evaluable(uri: str, configuration: dict[str, Any], schema: pa.Schema) -> Checks:
-    """The table's CHECK constraints, once each is found to be one lakefeed evaluates on rows of `schema`."""
-    found = of(configuration)
-    try:
-        checks.compiled(found, schema)
-    except checks.Unsupported as e:
-        raise _refused(uri, f"table {uri}: {e}. lakefeed's tasks write the table's files and check their rows "
-                       "themselves, so it adds none to a table with such a constraint: drop it (ALTER TABLE ... "
-                       "DROP CONSTRAINT <name>) or write it with what lakefeed evaluates (docs/bad-input.md)") from None
-    return found
+def evaluable(uri: str, configuration: dict[str, Any], schema: pa.Schema, merged: bool) -> Checks:
+    """The table's CHECK constraints that lakefeed evaluates on rows of `schema`. One it cannot refuses the batch;
+    unless the rows are `merged` (a keyed entity's): its MERGE, delta-rs's or Spark's, enforces that one."""
+    found = []
+    for name, expression in of(configuration):
+        try:
+            checks.Check(name, expression, schema)
+        except checks.Unsupported as e:
+            if not merged:
+                raise _refused(uri, f"table {uri}: {e}. lakefeed's tasks write the table's files and check their "
+                               "rows themselves, so it adds none to a table with such a constraint: drop it (ALTER "
+                               "TABLE ... DROP CONSTRAINT <name>) or write it with what lakefeed evaluates "
+                               "(docs/bad-input.md)") from None
+            continue
+        found.append((name, expression))
+    return tuple(found)
 
 
 def check(uri: str, configuration: dict[str, Any], schema: pa.Schema, files: list[DataFile],

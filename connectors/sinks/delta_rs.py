@@ -174,9 +174,11 @@ class DeltaRsSink(TableSink):
             constraints.check(self.uri, table.metadata().configuration, pa.schema(table.schema().to_arrow()), files,
                               checked)
 
-    def checks(self, schema: pa.Schema | None) -> Checks:
+    def checks(self, schema: pa.Schema | None, merged: bool) -> Checks:
         table = self._load() if schema is not None else None
-        return constraints.evaluable(self.uri, table.metadata().configuration, schema) if table is not None else ()
+        if table is None or schema is None:
+            return ()
+        return constraints.evaluable(self.uri, table.metadata().configuration, schema, merged)
 
     def compact(self, target_bytes: int) -> tuple[int, int]:
         table = self._load()

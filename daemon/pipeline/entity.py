@@ -153,7 +153,7 @@ class EntityPipeline:
         size = -(-len(entries) // runs)
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
         staging = committer.staging.url(batch_id)
-        buckets, rules = self._buckets(), self.sinks.table.checks(target)  # one count for the batch's jobs
+        buckets, rules = self._buckets(), self.sinks.table.checks(target, self.cfg.cdc.keyed)  # once a batch
         jobs = [tasks.FramesJob(self.cfg, stream, tuple(entries[i:i + size]), target, checked_at, watermark, staging,
                                 buckets, rules) for i in range(0, len(entries), size)]
         with result.timed("tasks"):
@@ -187,7 +187,7 @@ class EntityPipeline:
         target = file_schema(self.sinks.table.schema(), {})
         watermark = committer.watermark_before(batch_id) if not self.cfg.cdc.keyed else None
         job = tasks.MessagesJob(self.cfg, stream, target, checked_at, watermark, committer.staging.url(batch_id),
-                                self._buckets(), self.sinks.table.checks(target))
+                                self._buckets(), self.sinks.table.checks(target, self.cfg.cdc.keyed))
         # Tasks decode the messages where Spark read them; without a table yet, the first types found are the ones
         # the others must fit, so that batch is one part. A message a task dies on is quarantined (pipeline/poison.py).
         with result.timed("tasks"):
@@ -315,7 +315,7 @@ class EntityPipeline:
                checked_at: datetime, watermark: datetime | None,
                batch_id: int) -> tuple[list[tasks.Staged], tasks.Whole | None]:
         staging = committer.staging.url(batch_id)
-        buckets, rules = self._buckets(), self.sinks.table.checks(target)  # one count for the batch's jobs
+        buckets, rules = self._buckets(), self.sinks.table.checks(target, self.cfg.cdc.keyed)  # once a batch
 
         def jobs(items: list[tuple[InboxRecord, Partition]], schema: pa.Schema | None) -> list[tasks.StageJob]:
             runs = min(len(items), 2 * self.spread.width)  # a few runs per core: tasks are not free
