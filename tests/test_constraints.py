@@ -242,3 +242,22 @@ def test_a_check_added_by_spark_sql_is_honoured_by_the_delta_spark_writer(spark,
     reasons = [r["reason"] for r in _parked(lake.cfg.quarantine)]
     assert len(reasons) == 2 and all(r.startswith("breaks the table's CHECK constraint k_small (") for r in reasons)
     assert sorted(r.k for r in spark.read.format("delta").load(str(lake.cfg.table)).collect()) == [1, 2]
+
+
+def test_a_snapshot_s_row_a_check_refuses_is_absent_from_the_snapshot_it_applies(tmp_path):
+    """As a key the snapshot lacks: the stored row is retracted; the new one waits in quarantine (docs/bad-input.md)."""
+    entity = entity_yaml(format={"kind": "ndjson"},
+                         patterns=[{"name": "all", "root_location": "data", "glob_pattern": "/*.json"}],
+                         cdc={"strategy": "snapshot", "primary_key": ["id"]})
+    cfg, pipeline, inbox = _prepared(config.load(write_config(tmp_path, [entity])).entities[0])
+
+    def batch(rows: list[dict], batch_id: int):
+        path = land(cfg.source.path / "data" / f"{batch_id}.json", "".join(json.dumps(r) + "\n" for r in rows))
+        return pipeline.process(inbox.offer([FileEvent.of(path)]), batch_id)
+
+    batch([{"id": 1, "v": "a"}, {"id": 2, "v": "b"}], 0)
+    DeltaTable(str(cfg.table)).alter.add_constraint({"not_bad": "v <> 'bad'"})
+    assert batch([{"id": 1, "v": "a"}, {"id": 2, "v": "bad"}], 1).quarantined == 1
+
+    assert [(r["id"], r["v"]) for r in DeltaTable(str(cfg.table)).to_pyarrow_table().to_pylist()] == [(1, "a")]
+    assert [json.loads(r["raw"]) for r in _parked(cfg.quarantine)] == [{"id": "2", "v": "bad"}]
