@@ -11,10 +11,11 @@ folded): such a row is quarantined, never lost.
 
 A CHECK is parsed with sqlglot (Spark's dialect) and evaluated over the rows with Arrow's kernels, as Spark does:
 - columns (top-level; matched by name, else by name without case, as Spark resolves them), literals (numbers,
-  strings, TRUE/FALSE, NULL, DATE '...');
+  strings, TRUE/FALSE, NULL, DATE '...', TIMESTAMP '...');
 - `= == <> != < <= > >= <=>` (NaN equal to NaN and above every number, as in Spark), AND, OR, NOT (three-valued),
   IS [NOT] NULL, [NOT] IN (...), [NOT] BETWEEN, [NOT] LIKE / ILIKE with a literal pattern;
-- `+ - *` and unary minus (checked: an overflow refuses the row), `/` (as Spark, in doubles; not of decimals);
+- `+ - *` and unary minus (checked: an overflow refuses the row), `/` (as Spark, in doubles) and `%` (not of
+  decimals); a string compared with a date or a timestamp is read as one (in UTC, lakefeed's Spark time zone);
 - length / char_length / character_length, lower, upper, abs, coalesce.
 Anything else (another function, a subquery, a nested field, a comparison of a string with a number, ...) is
 `Unsupported`, found when the batch is planned: the table takes no files from lakefeed until the constraint is
@@ -24,6 +25,7 @@ dropped or changed (connectors/sinks/constraints.py). tests/test_checks.py compa
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -142,6 +144,8 @@ class _Evaluation:
             return _literal(node)
         if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.to.is_type("date"):
             return pa.scalar(node.this.this).cast(pa.date32())
+        if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.to.is_type("timestamptz"):
+            return _timestamp(node.this.this, pa.timestamp("us", "UTC"))
         if isinstance(node, exp.And):
             return pc.and_kleene(*_logical(v(node.this), v(node.expression)))
         if isinstance(node, exp.Or):
@@ -171,6 +175,8 @@ class _Evaluation:
             return _arithmetic(_ARITHMETIC[type(node)], v(node.this), v(node.expression))
         if isinstance(node, exp.Div):
             return _divide(v(node.this), v(node.expression))
+        if isinstance(node, exp.Mod):
+            return _remainder(v(node.this), v(node.expression), self._data.num_rows)
         if isinstance(node, exp.Neg):
             return _numeric(pc.negate_checked, v(node.this))
         if isinstance(node, exp.Abs):
@@ -244,10 +250,29 @@ def _paired(left: Value, right: Value) -> tuple[Value, Value]:
         kind = _common([left.type, right.type])  # as Spark: a big integer and a double meet as doubles
         left, right = left.cast(kind, safe=False), right.cast(kind, safe=False)
     for a, b in ((left, right), (right, left)):
-        if pa.types.is_date(a.type) and pa.types.is_string(b.type) and isinstance(b, pa.Scalar):
-            cast = b.cast(a.type)
+        if pa.types.is_string(b.type) and isinstance(b, pa.Scalar) and b.is_valid:
+            if pa.types.is_date(a.type):
+                cast = b.cast(a.type)
+            elif pa.types.is_timestamp(a.type):
+                cast = _timestamp(b.as_py(), a.type)
+            else:
+                continue
             left, right = (a, cast) if a is left else (cast, a)
     return left, right
+
+
+def _timestamp(text: str, kind: pa.TimestampType) -> pa.Scalar:
+    """A timestamp literal, or a string compared with a timestamp, as Spark casts it in lakefeed's session time zone
+    (UTC; daemon/ops/spark.py). A zone in the text is kept, except against a timestamp without one."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise Unsupported(f"{text!r} is not a timestamp lakefeed reads") from None
+    if kind.tz is None:
+        if moment.tzinfo is not None:
+            raise Unsupported(f"{text!r} has a time zone, and the column's timestamps have none")
+        return pa.scalar(moment, kind)
+    return pa.scalar(moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC), kind)
 
 
 def _is_number(kind: pa.DataType) -> bool:
@@ -288,11 +313,31 @@ def _divide(left: Value, right: Value) -> Value:
     for side in (left, right):
         if not (pa.types.is_integer(side.type) or pa.types.is_floating(side.type)):
             raise Unsupported(f"lakefeed divides integers and doubles, not {side.type}")
-    divisor = right.cast(pa.float64())
+    divisor = right.cast(pa.float64(), safe=False)  # as Spark: a big integer loses its last digits
     zero = pc.and_(pc.equal(divisor, 0.0), pc.is_valid(left))  # null / 0 is null
     if (zero.as_py() if isinstance(zero, pa.Scalar) else pc.any(zero).as_py()):
         raise ZeroDivisionError("division by zero")
-    return pc.divide(left.cast(pa.float64()), divisor)
+    return pc.divide(left.cast(pa.float64(), safe=False), divisor)
+
+
+def _remainder(left: Value, right: Value, rows: int) -> Value:
+    """`%` as Spark (Java's remainder: the sign of the dividend), of integers or doubles; by zero fails the row."""
+    left, right = _paired(left, right)
+    for side in (left, right):
+        if not (pa.types.is_integer(side.type) or pa.types.is_floating(side.type)):
+            raise Unsupported(f"lakefeed takes remainders of integers and doubles, not of {side.type}")
+    kind = _common([left.type, right.type])
+    left, right = (pa.repeat(x, rows) if isinstance(x, pa.Scalar) else x for x in (left, right))
+    left, right = left.cast(kind, safe=False), right.cast(kind, safe=False)
+    valid = pc.and_(pc.is_valid(left), pc.is_valid(right)).to_numpy(zero_copy_only=False)
+    dividend = pc.fill_null(left, 0).to_numpy(zero_copy_only=False)
+    divisor = pc.fill_null(right, 1).to_numpy(zero_copy_only=False)
+    if (valid & (divisor == 0)).any():
+        raise ZeroDivisionError("division by zero")
+    if pa.types.is_integer(kind):  # x % -1 is 0, as x % 1: never the overflow of the smallest integer by -1
+        divisor = np.where(divisor == -1, 1, divisor)
+    with np.errstate(all="ignore"):
+        return pa.array(np.fmod(dividend, divisor), kind, mask=~valid)
 
 
 def _numeric(function: Callable[[Any], Value], value: Value) -> Value:
