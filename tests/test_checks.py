@@ -147,7 +147,7 @@ def test_most_generated_checks_are_evaluated_not_refused():
     ("s > 1", "compares or combines values of types"), ("x > 0", "column 'x' is not one of the table's"),
     ("rand() > 0", r"does not evaluate 'RAND\(\)'"), ("a", "is not a condition"), ("sqrt(a) > 1", "does not evaluate"),
     ("st.x > 1", "top-level columns only"), ("a >", "does not parse"), ("1 / 0 > 0", "fails whatever the row"),
-    ("a IN (SELECT 1)", "does not evaluate"),
+    ("a IN (SELECT 1)", "does not evaluate"), ("(NOT a) = 1", "take conditions, not int64"),
 ])
 def test_a_check_lakefeed_cannot_evaluate_is_refused_with_the_reason(expression, why):
     with pytest.raises(checks.Unsupported, match=why):

@@ -233,6 +233,10 @@ def _literal(node: exp.Expression) -> pa.Scalar:
 
 
 def _logical(*values: Value) -> list[Value]:
+    """Operands of AND, OR, NOT: conditions (NULL as an unknown one); `NOT a` of a number is no condition to Spark."""
+    for x in values:
+        if x.type not in (pa.bool_(), pa.null()):
+            raise Unsupported(f"AND, OR and NOT take conditions, not {x.type}")
     return [x.cast(pa.bool_()) if x.type == pa.null() else x for x in values]
 
 
