@@ -12,13 +12,15 @@ TEST_JARS := $(VENV)/spark-jars/.ready-test-broker
 # launchers stand in themselves (daemon/ops/fork_launcher.py), 3 MiB more for each streaming source.
 STAND_IN := $(BIN)/lakefeed-stand-in
 
-.PHONY: run test test-requirements setup lint bench
+.PHONY: run test test-requirements test-setup setup bench
 
 run: $(VENV)/.installed $(JARS) $(STAND_IN)
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/lakefeed run --config $(CONFIG)
 
-test: test-requirements $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
+# The set-up's steps that wait on the network (Maven Central) run side by side: the broker's jars beside Spark's.
+test: test-requirements
+	@$(MAKE) --no-print-directory --jobs=3 --output-sync=target test-setup
 	$(BIN)/python -c "from lakefeed.ops.spark import check_java; check_java()"
 	$(BIN)/ruff check daemon connectors tests bench
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
@@ -47,6 +49,8 @@ test-requirements:
 	fi
 
 setup: $(VENV)/.installed $(JARS) $(STAND_IN)
+
+test-setup: $(VENV)/.installed $(JARS) $(STAND_IN) $(TEST_JARS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c "import sys; assert sys.version_info >= (3, 11), 'lakefeed needs Python 3.11+'"

@@ -119,12 +119,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"token:          {token}\ntokens_sha256:  {hashlib.sha256(token.encode()).hexdigest()}")
         return 0
     if args.command == "jars":
+        from concurrent.futures import ThreadPoolExecutor
+
         from lakefeed.ops import class_archive, jars, spark, spark_home
 
         log.configure("INFO")
-        jars.fetch()
-        spark_home.make()  # before the archive: it is of the class path this home gives
-        class_archive.make(spark.check_java())  # best effort: without it, Spark only starts slower
+        java_version = spark.check_java()
+
+        def home_and_archive() -> None:
+            spark_home.make()  # before the archive: it is of the class path this home gives
+            class_archive.make(java_version)  # best effort: without it, Spark only starts slower
+
+        # The archive is of pyspark's own jars, not of those fetched: it is recorded (a minute of CPU) while Ivy
+        # downloads (the network's time).
+        with ThreadPoolExecutor(1, thread_name_prefix="class-archive") as pool:
+            archived = pool.submit(home_and_archive)
+            jars.fetch()
+            archived.result()
         return 0
     if args.command == "manifest" and args.manifest_command == "check":
         return _check_manifest(Path(args.root_manifest), args.precedence)
