@@ -34,11 +34,21 @@ from _common import BenchError, kill_group, log_tail  # bench/ is the script fol
 SMOKE_CONF = ["spark.databricks.delta.snapshotPartitions=2"]
 
 
+def smoke_conf() -> list[str]:
+    """SMOKE_CONF, and the driver's class archive that `lakefeed jars fetch` made (daemon/ops/class_archive.py) where
+    there is one: a smoke's figures are not compared, only its code paths run, and with it a peer's session and first
+    Delta write took 13-15 s instead of 22 s (2 idle cores). A full run's peer starts as a Spark user's would."""
+    from lakefeed.ops import class_archive, spark
+
+    archive = class_archive.option(spark.check_java(), {})
+    return [*SMOKE_CONF, *([f"spark.driver.extraJavaOptions={archive}"] if archive else [])]
+
+
 def add_conf_argument(parser: argparse.ArgumentParser) -> None:
     """A bench's `--peer-conf KEY=VALUE` (repeatable): Spark conf the peer gets beside its own (none by default)."""
     parser.add_argument("--peer-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark conf for the Spark peer (repeatable; none by default, smoke: "
-                             f"{' '.join(SMOKE_CONF)})")
+                             f"{' '.join(SMOKE_CONF)} and the driver's class archive)")
 
 
 def conf_args(conf: list[str]) -> list[str]:

@@ -39,7 +39,7 @@ completed and every check passed (whether or not the ratio goal is met), 1 other
     python bench/cdc_merge.py [--sizes 1000000,10000000] [--changes 100000] [--repeat 1] [--keep] [--smoke]
 
 `--smoke`: a table of 20k rows, 1,000 changes, every variant, in about a minute (a Spark session for bare_spark,
-sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's SMOKE_CONF).
+sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's smoke_conf()).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ _TS = pa.timestamp("us", tz="UTC")
 _T0 = int(np.datetime64("2024-01-01T00:00:00", "us").astype(np.int64))
 VARIANTS = ("bare", "lakefeed", "bare_nocdf", "bare_spark")
 SMOKE = {"sizes": "20000", "changes": 1000, "file_rows": 10_000, "timeout": 300.0,
-         "peer_conf": _spark_peer.SMOKE_CONF}
+         "peer_conf": _spark_peer.smoke_conf()}
 # The plain merge a user would write for "last write by seq wins, IsDelete deletes".
 BARE_ON = "t.id = s.id"
 BARE_DELETE = "s.IsDelete AND s.seq >= t.seq"

@@ -24,7 +24,7 @@ run completed (whether or not the ratio goal is met), 1 on failure or timeout.
     python bench/ingest_files.py [--files 200] [--rows 50000] [--workdir DIR] [--keep] [--smoke]
 
 `--smoke`: 6 files x 1,000 rows, at most 2 files per batch, the daemon, the peer (sized for a tiny table:
-`--peer-conf`, bench/_spark_peer.py's SMOKE_CONF) and both floors, in seconds.
+`--peer-conf`, bench/_spark_peer.py's smoke_conf()) and both floors, in seconds.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ GOAL_VS_SPARK = 1.5
 SEED = 20240601
 LAKEFEED = Path(sys.executable).parent / "lakefeed"
 SMOKE = {"files": 6, "rows": 1000, "max_files_per_trigger": 2, "timeout": 300.0,
-         "peer_conf": _spark_peer.SMOKE_CONF}
+         "peer_conf": _spark_peer.smoke_conf()}
 
 CONFIG = """\
 lake_dir: lake

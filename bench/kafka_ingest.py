@@ -48,7 +48,7 @@ completed (whether or not the goal is met), 1 on failure or timeout.
                                  [--max-offsets 200000,500000] [--profile] [--keep] [--smoke]
 
 `--smoke`: 10k messages in 2 partitions, one daemon run of 5k messages per trigger between two raw rounds,
-the peer (sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's SMOKE_CONF) and the components, in about a
+the peer (sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's smoke_conf()) and the components, in about a
 minute.
 """
 
@@ -103,7 +103,7 @@ PEER_SCHEMA = "id long, customer string, amount double, ts timestamp, country st
 MAX_RECORDS = 100_000  # per poll() of the raw loop
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SMOKE = {"messages": 10_000, "partitions": 2, "max_offsets": "5000", "timeout": 300.0,
-         "peer_conf": _spark_peer.SMOKE_CONF}
+         "peer_conf": _spark_peer.smoke_conf()}
 COUNTRIES = ["DE", "FR", "NL", "US", "GB", "ES", "IT", "PL", "SE", "JP"]
 
 CONFIG = """\

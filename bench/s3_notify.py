@@ -57,7 +57,7 @@ are met), 1 otherwise.
                               [--reconcile-interval 1] [--trigger 1] [--poll 0.2] [--keep] [--workdir DIR] [--smoke]
 
 `--smoke`: notification mode and the Spark peer (sized for a tiny table: `--peer-conf`, bench/_spark_peer.py's
-SMOKE_CONF), 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
+smoke_conf()), 5 files/s for 2 s each, trigger 0.5 s, in about a minute.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ GOAL_P50_S, GOAL_P99_S = 1.5, 5.0
 GOAL_VS_SPARK = 0.5  # lakefeed's notify p50 over the Spark peer's
 WARMUP_FILE = -1
 SMOKE = {"rate": 5.0, "seconds": 2.0, "trigger": 0.5, "modes": "notify,spark", "timeout": 300.0,
-         "peer_conf": _spark_peer.SMOKE_CONF}
+         "peer_conf": _spark_peer.smoke_conf()}
 
 os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
 os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "WHEN_REQUIRED")
