@@ -8,7 +8,8 @@ before it adds them, that nothing changed since:
 - NOT NULL is checked exactly from each file's statistics (its null counts), and the table's CHECK constraints must
   be the ones the tasks evaluated. A column made NOT NULL, or a constraint added or changed, since the tasks ran
   fails the commit as a store fault would: the batch is tried again, planned anew, its rows checked then.
-- A CHECK constraint lakefeed cannot evaluate (`evaluable`) stops the entity with the constraint and what to do.
+- A CHECK constraint lakefeed cannot evaluate (`evaluable`) stops an append entity with the constraint and what to
+  do. A keyed entity's rows reach the table through a MERGE, which delta-rs and Spark check themselves.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ A CHECK is parsed with sqlglot (Spark's dialect) and evaluated over the rows wit
   decimals); a string compared with a date or a timestamp is read as one (in UTC, lakefeed's Spark time zone);
 - length / char_length / character_length, lower, upper, abs, coalesce.
 Anything else (another function, a subquery, a nested field, a comparison of a string with a number, ...) is
-`Unsupported`, found when the batch is planned: the table takes no files from lakefeed until the constraint is
-dropped or changed (connectors/sinks/constraints.py). tests/test_checks.py compares this with Spark's own evaluation.
+`Unsupported`, found when the batch is planned: an append entity's table takes no files from lakefeed until the
+constraint is dropped or changed; a keyed entity leaves it to its MERGE (connectors/sinks/constraints.py).
+tests/test_checks.py compares this with Spark's own evaluation.
 """
 
 from __future__ import annotations
