@@ -28,7 +28,7 @@ settings.load_profile("suite")
 # files not named follow, by name.
 SLOW_FILES = {"test_benches.py": 850, "test_cdc.py": 720, "test_executors.py": 600, "test_delta_spark.py": 400,
               "test_daemon_process.py": 310, "test_s3_daemon.py": 310, "test_push_daemon.py": 290,
-              "test_operations.py": 280, "test_poison.py": 160, "test_msc.py": 110, "test_kafka_source.py": 100,
+              "test_operations.py": 280, "test_poison.py": 250, "test_msc.py": 110, "test_kafka_source.py": 100,
               "test_kartothek.py": 90}
 
 

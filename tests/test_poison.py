@@ -89,7 +89,8 @@ def test_a_push_frame_the_decoder_dies_on_is_quarantined_as_acknowledged(tmp_pat
         assert daemon.wait(90) == 0
 
 
-def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, kafka_broker):  # noqa: F811
+@pytest.mark.parametrize("master", ["local[2]", "local-cluster[2,1,1024]"])  # on a cluster, Spark tries a task 4 times
+def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, kafka_broker, master):  # noqa: F811
     """One topic into an append and an upsert entity. The first batch (no table yet: one part) and a later one (a
     part per topic-partition) each hold a message whose task dies each time; it is found by halving its part's
     offset range and quarantined as its value, and every other message lands once, in order: the upsert entity
@@ -99,7 +100,7 @@ def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, ka
     source = [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topics": [topic]}]
     entities = [{"name": "orders", "kafka": source},
                 {"name": "latest", "cdc": {"strategy": "upsert", "primary_key": ["id"]}, "kafka": source}]
-    config = write_config(tmp_path, entities, spark={"master": "local[2]", "trigger_interval_s": 1.0})
+    config = write_config(tmp_path, entities, spark={"master": master, "trigger_interval_s": 1.0})
     orders, latest = config_module.load(config).entities
     first = [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "poison-1"}]  # there before the start
     kafka_broker.produce(topic, first, partition=0)
