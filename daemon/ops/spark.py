@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,12 +67,6 @@ COLLECTOR, HEAP_START = "-XX:+UseSerialGC", "-Xms64m"
 # at 20 entities a burst left 145 MB of it held; trimmed every 10 s, it goes back to the system (JDK 17.0.9 and
 # newer; an older JVM ignores it, as Spark starts it with -XX:+IgnoreUnrecognizedVMOptions).
 TRIM_NATIVE = "-XX:TrimNativeHeapInterval=10000"
-# Methods C2 must not compile. RangeExec.doProduce writes the Java source of a `spark.range` stage (each job that
-# spreads tasks plans one: SparkSpread.map); C1 gives up on it (out of virtual registers), so it runs interpreted until
-# C2 takes it, after about 49 minutes at 20 entities, inlining 36 KB of bytecode in a 4.4-s compile whose arenas
-# peaked at 229 MB of the JVM's memory. Left interpreted, as it was until then (docs/architecture.md, "glibc's malloc").
-UNCOMPILED = ("org.apache.spark.sql.execution.RangeExec::doProduce",)
-NOT_COMPILED = ("-XX:CompileCommand=quiet", *(f"-XX:CompileCommand=exclude,{method}" for method in UNCOMPILED))
 # Once the session has started, the heap keeps 10-30% of itself free after a full collection, not the JVM's 40-70%:
 # some 50 MiB less of it at 20 entities. Set at run time (they are manageable flags), not as options: from the
 # JVM's start the heap would grow from 64 MiB in small steps, each after a full collection, and every session's
@@ -147,7 +142,7 @@ def java_options(cfg: SparkConfig, java_version: str = "") -> str:
     repeated option). Our collector only if theirs name none: a JVM refuses two."""
     theirs = cfg.conf.get("spark.driver.extraJavaOptions", "")
     collector = "" if re.search(r"-XX:\+Use(Serial|Parallel|G1|Z|Shenandoah|Epsilon)GC\b", theirs) else COLLECTOR
-    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START, TRIM_NATIVE, *NOT_COMPILED,
+    ours = [DEFAULTS["spark.driver.extraJavaOptions"], collector, HEAP_START, TRIM_NATIVE,
             f"-Dlog4j2.configurationFile={shlex.quote(str(LOG4J2))}",
             f"-Dlakefeed.spark.logLevel={cfg.log_level}", class_archive.option(java_version, cfg.conf) or ""]
     return " ".join(option for option in [*ours, theirs] if option).strip()
@@ -186,7 +181,7 @@ class SparkSpread:
     pool of its own, each worker importing the tasks' code again)."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._spark = spark
+        self._spark = _uncompiled(spark)
 
     @property
     def width(self) -> int:
@@ -203,6 +198,22 @@ class SparkSpread:
                     yield pa.RecordBatch.from_pydict({"part": [index], "outcome": [outcome]}, schema=_OUTCOMES)
 
         return _outcomes(self._spark.range(len(jobs), numPartitions=len(jobs)), run, description)
+
+
+# A spread's job is a range of its items' count (a row and a task each) into mapInArrow. Whole-stage code generation
+# writes that count into the range's Java source, so each count not seen before was compiled again, in the driver and
+# in every executor, and its classes compiled again by the JVMs' JIT: a batch of a new size paid for it. A range of a
+# few rows gains nothing from generated code, so the spreads plan in a session of their own (the same SparkContext,
+# executors and Python workers) that generates none (docs/architecture.md, "A spread's job generates no code").
+_SPREADING: weakref.WeakKeyDictionary[SparkSession, SparkSession] = weakref.WeakKeyDictionary()
+
+
+def _uncompiled(spark: SparkSession) -> SparkSession:
+    if spark not in _SPREADING:
+        spreading = spark.newSession()
+        spreading.conf.set("spark.sql.codegen.wholeStage", "false")
+        _SPREADING[spark] = spreading
+    return _SPREADING[spark]
 
 
 class FrameParts:
