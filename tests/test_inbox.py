@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import os
 
-from lakefeed.inbox.files import DAMAGED, FileEvent, Inbox, InboxReader
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lakefeed.inbox.files import DAMAGED, FileEvent, Inbox, InboxCursor, InboxReader
 
 
 def test_offer_is_durable_dense_and_never_enqueues_an_identity_twice(tmp_path):
@@ -90,3 +94,29 @@ def test_more_records_than_one_writev_takes_are_all_written(tmp_path):
     finally:
         os.close(fd)
     assert (tmp_path / "log").read_bytes() == b"".join(frames)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 12), st.booleans()), min_size=1, max_size=12), st.integers(1, 40))
+def test_the_cursor_reads_what_the_reader_reads_batch_after_batch_and_again_after_a_replay(tmp_path_factory, steps,
+                                                                                           total):
+    """The daemon reads a file batch's records with a cursor (no index of every record): ranges one after the other,
+    a range read again (a batch replayed after a restart) from the log's start. A damaged line holding `\\r` is one
+    record, as the offsets count it."""
+    folder = tmp_path_factory.mktemp("inbox")
+    inbox = Inbox(folder)
+    inbox.offer([FileEvent(f"/l/{i}.csv", i, i) for i in range(total)])
+    inbox.close()
+    with open(folder / "inbox.log", "ab") as f:
+        f.write(b'{"o": \r damaged\n')
+    Inbox(folder).close()  # reopened: the line is counted, and durable for readers
+    total += 1
+    reader, cursor, end = InboxReader(folder), InboxCursor(folder), 0
+    for size, replay in steps:
+        start = max(0, end - size) if replay else end
+        end = min(total, start + size)
+        assert cursor.records(start, end) == reader.records(start, end), (start, end)
+    assert [r.offset for r in cursor.records(0, total)] == list(range(total))
+    assert cursor.records(total - 1, total)[0].path.startswith(DAMAGED)
+    with pytest.raises(OSError, match="ends before record"):
+        cursor.records(total - 1, total + 1)

@@ -166,3 +166,42 @@ def test_cdc_model_through_a_spark_query(spark, strategy, data, late_policy):
         assert lake.changelog() == model.changelog
         assert lake.quarantined() == model.quarantined
         assert verify(lake.cfg) == []
+
+
+def test_a_batchs_range_in_the_offsets_log_is_what_its_frame_holds_also_when_run_again(spark, tmp_path):
+    """The daemon reads a file batch's records from the range Spark's offsets log gives the batch, not from its frame:
+    a real query on the inbox source, batches capped at 3 records, one failing once (the query stops after its
+    offsets were logged) and run again by the restarted query: each batch's range is its frame's records."""
+    from lakefeed.connectors.streams.inbox_stream import FORMAT
+    from lakefeed.inbox.files import Inbox, InboxCursor
+    from lakefeed.ops.offsets_log import batch_range, committed_offset
+
+    inbox, checkpoint, seen, failed = Inbox(tmp_path / "inbox"), tmp_path / "checkpoint", [], []
+    inbox.offer([FileEvent(f"/l/{i}.csv", i, i) for i in range(8)])
+
+    def batch(frame, batch_id: int) -> None:
+        offsets = sorted(row.offset for row in frame.collect())
+        seen.append((batch_id, batch_range(checkpoint, batch_id), offsets))
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("the batch fails once")
+
+    def run(until) -> None:
+        query = (spark.readStream.format(FORMAT).option("path", str(tmp_path / "inbox"))
+                 .option("maxFilesPerTrigger", "3").load().writeStream.foreachBatch(batch)
+                 .option("checkpointLocation", str(checkpoint)).trigger(processingTime="100 milliseconds").start())
+        wait_for(lambda: not query.isActive or until(), 120, 0.1, "the query's batches")
+        query.stop()
+        assert (query.exception() is not None) == (len(seen) == 2)  # the first run stops at the batch that fails
+
+    run(lambda: False)
+    assert committed_offset(checkpoint) == 3 and [b for b, _, _ in seen] == [0, 1]
+    inbox.offer([FileEvent("/l/late.csv", 9, 9)])
+    run(lambda: committed_offset(checkpoint) == 9)
+    assert [b for b, _, _ in seen] == [0, 1, 1, 2]
+    cursor = InboxCursor(tmp_path / "inbox")
+    for _, (start, end), offsets in seen:
+        assert offsets == list(range(start, end))
+        assert [r.offset for r in cursor.records(start, end)] == offsets
+    assert committed_offset(checkpoint) == 9
+    inbox.close()

@@ -246,4 +246,33 @@ class InboxReader:
             f.seek(self._starts[start])
             stop = self._starts[end] if end < len(self._starts) else self._end
             data = f.read(stop - self._starts[start])
-        return [_parse(line, offset) for offset, line in enumerate(data.splitlines(), start)]
+        return [_parse(line, offset) for offset, line in enumerate(data.split(b"\n")[:-1], start)]  # as counted
+
+
+class InboxCursor:
+    """The reading side in the daemon's process: the records of a micro-batch's range, read on from where the last
+    range ended (each batch's follows the one before), without InboxReader's index of every record's position. A
+    range before the last one (a batch run again) is read from the start of the log."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / LOG_NAME
+        self._next, self._at = 0, 0  # record `_next` starts at byte `_at`
+
+    def records(self, start: int, end: int) -> list[InboxRecord]:
+        """Records `start` to `end` (exclusive), which must be durable: a range a query planned."""
+        if start >= end:
+            return []
+        if start < self._next:
+            self._next, self._at = 0, 0
+        found: list[InboxRecord] = []
+        with open(self.path, "rb") as f:
+            f.seek(self._at)
+            for line in f:
+                if self._next >= start:
+                    found.append(_parse(line.rstrip(b"\n"), self._next))
+                self._next, self._at = self._next + 1, self._at + len(line)
+                if self._next == end:
+                    break
+        if len(found) != end - start:
+            raise OSError(f"the inbox {self.path} ends before record {end - 1}: it was cut or replaced")
+        return found

@@ -33,11 +33,12 @@ from lakefeed.connectors.streams.inbox_stream import FORMAT as INBOX
 from lakefeed.connectors.streams.spool_stream import FORMAT as SPOOL
 from lakefeed.errors import Abandoned, LakefeedError
 from lakefeed.inbox import storage
-from lakefeed.inbox.files import Inbox, InboxRecord
+from lakefeed.inbox.files import Inbox, InboxCursor, InboxRecord
 from lakefeed.inbox.spool import Entry, Spool, SpoolEnd
 from lakefeed.intake.client import IntakeProcess
 from lakefeed.manifests.folders import landing_manifest
 from lakefeed.ops.metrics import Metrics
+from lakefeed.ops.offsets_log import batch_range, committed_offset
 from lakefeed.ops.spark import FrameParts, SparkSpread
 from lakefeed.pipeline.commit import BatchResult
 from lakefeed.pipeline.entity import EntityPipeline
@@ -64,15 +65,6 @@ def _cause(detail: str) -> str:
     return causes[-1] if causes else detail.strip().splitlines()[0] if detail.strip() else "stopped"
 
 
-def committed_offset(checkpoint: Path) -> int | None:
-    """The end offset of the last batch a query committed (from Spark's checkpoint), if any."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
-    if not commits:
-        return None
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text(encoding="utf-8").splitlines()
-    return int(json.loads(lines[2])["offset"])
-
-
 class EntityRunner:
     """An entity's pipeline and one streaming query per source: its files and each push source."""
 
@@ -89,6 +81,7 @@ class EntityRunner:
         if intake is not None:
             self.pipeline.on_schema = lambda schema: intake.schema(self.cfg.name, schema)
         self.inbox: Inbox | None = None
+        self._cursor = InboxCursor(cfg.state / "inbox")  # a file batch's records, read here (_file_batch)
         self.pipeline.backlog = lambda end: self.inbox is not None and len(self.inbox) > end
         self.source: Source | None = None
         if isinstance(cfg.source, S3Source):
@@ -209,7 +202,10 @@ class EntityRunner:
 
     def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        records = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
+        # The batch's range, from Spark's offsets log, read here from the inbox: no Spark job for a batch's list.
+        bounds = batch_range(self.cfg.stream_checkpoint(FILES), batch_id)
+        records = self._cursor.records(*bounds) if bounds else \
+            sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
         self._run(FILES, batch_id, lambda: self.pipeline.process(records, batch_id),
                   records[-1].offset + 1 if records else None, started)
 
