@@ -101,22 +101,24 @@ def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, ka
     entities = [{"name": "orders", "kafka": source},
                 {"name": "latest", "cdc": {"strategy": "upsert", "primary_key": ["id"]}, "kafka": source}]
     config = write_config(tmp_path, entities, spark={"master": master, "trigger_interval_s": 1.0})
+    patience = 60 if master.startswith("local[") else 300  # each task tried 4 times, a Python worker started each time
     orders, latest = config_module.load(config).entities
     first = [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 3, "v": "poison-1"}]  # there before the start
     kafka_broker.produce(topic, first, partition=0)
     kafka_broker.produce(topic, [{"id": 4, "v": "d"}], partition=1)
     with Daemon(config, tmp_path / "daemon.log") as daemon:
         daemon.start(env={"LAKEFEED_FAILPOINT": "poison:stage.message:poison"})
-        wait_for(lambda: len(_rows(orders.table)) == 3 and len(_rows(latest.table)) == 3, 60,
+        wait_for(lambda: len(_rows(orders.table)) == 3 and len(_rows(latest.table)) == 3, patience,
                  what="the first batch's other messages")
         later = [{"id": 1, "v": "a2"}, {"id": 5, "v": "e"}, {"id": 6, "v": "poison-2"}, {"id": 1, "v": "a3"},
                  {"id": 7, "v": "g"}]
         kafka_broker.produce(topic, [{"id": 8, "v": "h"}], partition=0)
         poison = kafka_broker.produce(topic, later, partition=1)[2]  # the second part's task dies
-        wait_for(lambda: len(_rows(orders.table)) == 8 and len(_rows(latest.table)) == 6, 60,
+        wait_for(lambda: len(_rows(orders.table)) == 8 and len(_rows(latest.table)) == 6, patience,
                  what="the later batch's other messages")
         kafka_broker.produce(topic, [{"id": 9, "v": "i"}], partition=0)  # the stream goes on past both
-        wait_for(lambda: len(_rows(orders.table)) == 9 and len(_rows(latest.table)) == 7, 60, what="a later message")
+        wait_for(lambda: len(_rows(orders.table)) == 9 and len(_rows(latest.table)) == 7, patience,
+                 what="a later message")
         assert daemon.events("batch.task_died") >= 4 and daemon.events("message.unstaged") == 4
         daemon.stop()
     assert sorted(r["v"] for r in _rows(orders.table)) == ["a", "a2", "a3", "b", "d", "e", "g", "h", "i"]
