@@ -96,7 +96,7 @@ def test_a_kafka_message_the_decoder_dies_on_is_quarantined_as_sent(tmp_path, ka
     offset range and quarantined as its value, and every other message lands once, in order: the upsert entity
     keeps the change of key 1 sent after the poison message, not the one before it. Without the search, the
     first batch was tried again for ever."""
-    topic = kafka_broker.create_topic("poisoned", 2)
+    topic = kafka_broker.create_topic(f"poisoned-{master.split('[')[0]}", 2)  # the broker is the session's
     source = [{"name": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topics": [topic]}]
     entities = [{"name": "orders", "kafka": source},
                 {"name": "latest", "cdc": {"strategy": "upsert", "primary_key": ["id"]}, "kafka": source}]
