@@ -21,10 +21,10 @@ def committed_offset(checkpoint: Path) -> int | None:
     return _end(checkpoint, max(commits)) if commits else None
 
 
-def batch_range(checkpoint: Path, batch_id: int, initial: int = 0) -> tuple[int, int] | None:
-    """The offsets [start, end) of a batch (the first starts at the source's `initial` offset); None if the log does
-    not hold them as expected (an entry Spark purged, a checkpoint of another kind): ask the batch's frame."""
+def batch_range(checkpoint: Path, batch_id: int) -> tuple[int, int] | None:
+    """The inbox offsets [start, end) of a batch (the first starts at 0, the inbox source's initial offset); None if
+    the log does not hold them as expected (an entry Spark purged, a checkpoint of another kind): ask the frame."""
     try:
-        return (_end(checkpoint, batch_id - 1) if batch_id > 0 else initial), _end(checkpoint, batch_id)
+        return (_end(checkpoint, batch_id - 1) if batch_id > 0 else 0), _end(checkpoint, batch_id)
     except (OSError, ValueError, IndexError, KeyError, TypeError):
         return None
