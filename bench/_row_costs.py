@@ -36,6 +36,7 @@ from lakefeed.odf import slices
 from lakefeed.pipeline import tasks
 
 T = TypeVar("T")
+HASHES = "write: changelog slice hashes (ODF)"  # the step the ODF chain needs (arrow-digest's logical hash)
 
 
 class _Clock:
@@ -49,9 +50,12 @@ class _Clock:
         return out
 
 
-def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType], work: Path) -> dict:
+def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.DataType], work: Path,
+            goal_ratio: float) -> dict:
     """CPU microseconds per row of each step over `files` (landed CSVs of one schema), and the ceiling. A pass over
-    the first file comes first, uncounted: it loads code and warms the caches, which neither run pays per row."""
+    the first file comes first, uncounted: it loads code and warms the caches, which neither run pays per row.
+    `goal_ratio` (of lakefeed's rows/s to the floor's) gives the `budget`: the CPU a row of the whole path may cost
+    for it on busy cores, and what the ODF slice's hashes alone take of it."""
     _floor(_Clock(), files[:1], floor_types, work / "warm-up")
     _steps(_Clock(), cfg, files[:1], work / "warm-up")
     clock = _Clock()
@@ -60,8 +64,11 @@ def measure(cfg: EntityConfig, files: list[Path], floor_types: dict[str, pa.Data
     per_row = {step: round(seconds / rows * 1e6, 4) for step, seconds in clock.spent.items()}
     floor_us = sum(v for k, v in per_row.items() if k.startswith("floor"))
     lakefeed_us = sum(v for k, v in per_row.items() if not k.startswith("floor"))
+    budget_us = floor_us / goal_ratio
     return {"rows": rows, "files": len(files), "cpu_us_per_row": per_row, "floor_cpu_us_per_row": round(floor_us, 4),
-            "lakefeed_cpu_us_per_row": round(lakefeed_us, 4), "ceiling": round(floor_us / lakefeed_us, 3)}
+            "lakefeed_cpu_us_per_row": round(lakefeed_us, 4), "ceiling": round(floor_us / lakefeed_us, 3),
+            "budget_cpu_us_per_row": round(budget_us, 4),
+            "odf_hashes_over_budget": round(per_row[HASHES] / budget_us, 3)}
 
 
 def on_cores(config: Path, entity: str, files: list[Path], processes: int, work: Path) -> float:
@@ -133,7 +140,7 @@ def _steps(clock: _Clock, cfg: EntityConfig, files: list[Path], work: Path) -> i
         clock("write: changelog file (Parquet, statistics)", data_files.write, fs, str(work / "changelog"),
               changelog, f"part-cost-{n}", seen=partial(_keep, seen))
         for written, encoded in seen:
-            clock("write: changelog slice hashes (ODF)", slices.describe, written, encoded)
+            clock(HASHES, slices.describe, written, encoded)
         clock("write: table file (Parquet, statistics)", data_files.write, fs, str(work / "table"),
               data_columns(data), f"part-cost-{n}")
         rows += data.num_rows

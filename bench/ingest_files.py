@@ -16,7 +16,9 @@ Measures, in one run:
   ratio) and the data table plus a changelog table with lakefeed's 6 extra columns.
 * the CPU a row costs in each step of lakefeed's append path and of the floor, on the first files, in this process
   (bench/_row_costs.py): their quotient is the `ceiling`, the ratio lakefeed would reach with nothing but its row
-  work on a machine the load keeps busy.
+  work on a machine the load keeps busy. With them, the goal's `budget_cpu_us_per_row`: the floor's CPU a row over
+  the goal ratio, all the whole path may cost for it; `odf_hashes_over_budget` is how much of it the ODF slice's
+  hashes alone take (over 1: the goal is out of reach while the chain hashes every slice).
 
 Progress goes to stderr; one JSON object goes to stdout at the end. Exit status 0 when the
 run completed (whether or not the ratio goal is met), 1 on failure or timeout.
@@ -460,9 +462,11 @@ def main(argv: list[str] | None = None) -> int:
 
         say("CPU per row of each step, lakefeed's and the floor's (bench/_row_costs.py)")
         costs = _row_costs.measure(load(work / "lakefeed.yaml").entities[0],
-                                   [data_dir / n for n in names[:COST_FILES]], FLOOR_TYPES, work / "costs")
+                                   [data_dir / n for n in names[:COST_FILES]], FLOOR_TYPES, work / "costs",
+                                   GOAL_RATIO)
         say(f"  lakefeed {costs['lakefeed_cpu_us_per_row']} us, floor {costs['floor_cpu_us_per_row']} us: "
-            f"ceiling {costs['ceiling']}")
+            f"ceiling {costs['ceiling']}; the goal's budget {costs['budget_cpu_us_per_row']} us, "
+            f"{costs['odf_hashes_over_budget']} of it the ODF slice's hashes")
 
         say("Spark peer: Structured Streaming readStream.csv -> delta-spark")
         spark_peer = run_spark_peer(work, peer_staging, names, args.rows, args, deadline)

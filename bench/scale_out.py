@@ -32,7 +32,7 @@ when every file is in a table commit; its table must hold one row per customer o
 One JSON object goes to stdout at the end; exit status 0 when every run completed.
 
     python bench/scale_out.py [--files 200] [--rows 50000] [--loads append,keyed] [--warm-loads 1] [--workdir DIR]
-                              [--keep] [--smoke]
+                              [--spark-conf KEY=VALUE ...] [--keep] [--smoke]
 
 `--smoke`: 8 files x 1,000 rows, both loads, no uncounted loads (each run's start-up and the measured loads are the
 code paths; the uncounted loads are the same `through` as the measured one, and on 2 cores cost 4 loads' time).
@@ -41,6 +41,7 @@ code paths; the uncounted loads are the same `through` as the measured one, and 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -206,8 +207,10 @@ def run(work: Path, master: str, names: list[str], source: Path, rows: int, load
     cfg = work / "lakefeed.yaml"
     warm = {load: [f"{WARM}{i}_{load}" for i in range(1, args.warm_loads + 1)] for load in loads}
     entities = [(name, load) for load in loads for name in (*warm[load], load)]
-    cfg.write_text(CONFIG.split("entities:\n")[0].format(trigger=args.trigger_interval, master=master,
-                                                          writer="delta-rs")
+    head = CONFIG.split("entities:\n")[0].format(trigger=args.trigger_interval, master=master, writer="delta-rs")
+    if args.spark_conf:  # a JSON object is a YAML flow mapping
+        head = head.replace("\nspark: {", f"\nspark: {{conf: {json.dumps(dict(args.spark_conf))}, ", 1)
+    cfg.write_text(head
                    + "entities:\n"
                    + "".join(entity_config(name, args.max_files_per_trigger, load == "keyed")
                              for name, load in entities))
@@ -269,6 +272,13 @@ def measure(work: Path, master: str, load: str, warm: list[str], names: list[str
             "tasks_cpu_us_per_row": round(tasks_cpu / total * 1e6, 3)}
 
 
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", type=int, default=200)
@@ -279,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trigger-interval", type=float, default=0.5)
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
     p.add_argument("--warm-loads", type=int, default=1, help="uncounted loads before the measured one")
+    p.add_argument("--spark-conf", action="append", default=[], type=_conf_pair, metavar="KEY=VALUE",
+                   help="a `spark.conf` entry of the daemon's config, e.g. spark.executor.extraJavaOptions=...; "
+                        "repeatable")
     p.add_argument("--loads", default="append", help="append, keyed or both (comma-separated), each on one executor "
                                                      "then two")
     args = parse_args(p, argv, SMOKE)
@@ -290,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = Deadline(args.timeout)
     work, remove = workdir(p, args.workdir, args.keep, "lakefeed-bench-scale-")
     report: dict = {"bench": "scale_out", "smoke": args.smoke, "files": args.files, "rows": args.files * args.rows,
-                    "cores": os.cpu_count(), "load_before": os.getloadavg()[0], "ok": False, "workdir": str(work)}
+                    "cores": os.cpu_count(), "load_before": os.getloadavg()[0], "ok": False, "workdir": str(work),
+                    "spark_conf": dict(args.spark_conf)}
     try:
         say(f"workdir {work}; generating {args.files} files x {args.rows} rows")
         names = generate(work / "generated", args.files, args.rows)

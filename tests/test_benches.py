@@ -101,11 +101,15 @@ def check_ingest_files(r: dict[str, Any]) -> None:
                         sum(costs["cpu_us_per_row"].values()), abs_tol=1e-3)
     ceiling = round(costs["floor_cpu_us_per_row"] / costs["lakefeed_cpu_us_per_row"], 3)
     assert r["ceiling"] == costs["ceiling"] == ceiling
+    # The goal's budget: the floor's CPU a row over the goal ratio; the share of it the ODF slice's hashes take.
+    assert math.isclose(costs["budget_cpu_us_per_row"], costs["floor_cpu_us_per_row"] / r["goal_ratio"], abs_tol=1e-3)
+    hashes = costs["cpu_us_per_row"]["write: changelog slice hashes (ODF)"]
+    assert math.isclose(costs["odf_hashes_over_budget"], hashes / costs["budget_cpu_us_per_row"], abs_tol=2e-3)
 
 
 def check_scale_out(r: dict[str, Any]) -> None:
     completed(r)
-    assert set(r["loads"]) == {"append", "keyed"}
+    assert set(r["loads"]) == {"append", "keyed"} and r["spark_conf"] == {}
     positive(r, "machine.one_process_rows_per_s", "machine.two_processes_rows_per_s", "machine.speed_up")
     for load in r["loads"].values():
         positive(load, "speed_up", "speed_up_of_machine", "driver_over_tasks_cpu_per_row", "one_executor.rows_per_s",
