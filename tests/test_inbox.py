@@ -70,6 +70,24 @@ def test_damaged_lines_inside_the_log_neither_stop_it_opening_nor_move_offsets(t
     assert (records[3].offset, records[3].path) == (3, "/l/d.csv")
 
 
+def test_a_damaged_line_holding_a_carriage_return_moves_no_later_offset_when_the_log_opens(tmp_path):
+    """Lines end at \n alone, for the writer opening the log as for its readers: a damaged line holding \r is one
+    line, so the record rescued after a later tear keeps its offset and is seen, not offered (and taken) again."""
+    inbox = Inbox(tmp_path)
+    inbox.offer([FileEvent("/l/a.csv", 1, 1)])
+    inbox.close()
+    c = '{"o": 2, "p": "/l/c.csv", "s": 3, "m": 3, "t": "2026-01-01T00:00:00.000Z"}'
+    with open(tmp_path / "inbox.log", "ab") as f:
+        f.write(b'{"o": 1, \r damaged\n' + c[:20].encode() + c.encode() + b"\n")
+    inbox = Inbox(tmp_path)
+    assert len(inbox) == 3 and inbox.present("/l/c.csv")
+    assert inbox.offer([FileEvent("/l/c.csv", 3, 3)]) == []
+    assert [r.offset for r in inbox.offer([FileEvent("/l/d.csv", 4, 4)])] == [3]
+    records = InboxReader(tmp_path).records(0, 4)
+    assert [r.offset for r in records] == [0, 1, 2, 3] and records[1].path.startswith(DAMAGED)
+    assert [r.path for r in records[2:]] == ["/l/c.csv", "/l/d.csv"]
+
+
 def test_reader_reads_incrementally_and_by_range(tmp_path):
     inbox = Inbox(tmp_path)
     reader = InboxReader(tmp_path)

@@ -141,7 +141,7 @@ class Inbox:
             with open(self.path, "r+b") as f:
                 f.truncate(len(complete))
                 os.fsync(f.fileno())
-        for offset, line in enumerate(complete.splitlines()):
+        for offset, line in enumerate(complete.split(b"\n")[:-1]):  # as the offsets count: not at \r
             rec = _parse(line, offset)
             if rec.path.startswith(DAMAGED):
                 _log.error("inbox.line_damaged", inbox=str(self.path), offset=offset, problem=rec.problem)

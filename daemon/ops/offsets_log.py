@@ -9,6 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lakefeed import log
+
+_log = log.get(__name__)
+_UNREAD: set[Path] = set()  # the checkpoints whose offsets log could not be read as the daemon reads it: said once
+
 
 def _end(checkpoint: Path, batch_id: int) -> int:
     lines = (checkpoint / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
@@ -26,5 +31,11 @@ def batch_range(checkpoint: Path, batch_id: int) -> tuple[int, int] | None:
     the log does not hold them as expected (an entry Spark purged, a checkpoint of another kind): ask the frame."""
     try:
         return (_end(checkpoint, batch_id - 1) if batch_id > 0 else 0), _end(checkpoint, batch_id)
-    except (OSError, ValueError, IndexError, KeyError, TypeError):
+    except (OSError, ValueError, IndexError, KeyError, TypeError) as exc:
+        if checkpoint not in _UNREAD:
+            _UNREAD.add(checkpoint)
+            _log.warning("stream.offsets_unread", checkpoint=str(checkpoint), batch_id=batch_id, error=repr(exc),
+                         action="each such batch's records are collected by a Spark job instead, which is slower; "
+                                "Spark's default offsets log (spark.sql.streaming.offsetLog.formatVersion 1) is "
+                                "the one lakefeed reads")
         return None
