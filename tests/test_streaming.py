@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from lakefeed.config import model as config
 from lakefeed.connectors.sinks import cdm_manifest
@@ -72,6 +73,27 @@ def test_files_landing_become_delta_rows_and_manifest_partitions(runner, tmp_pat
         cdm_sdk.entity_attributes(landing, "sales.cdm.json/sales")
     assert [(n, f.split(".")[-1].upper()) for n, f in attributes] == [
         ("id", "INT64"), ("amount", "DOUBLE"), ("year", "STRING"), ("month", "STRING")]
+
+
+def test_a_file_batch_whose_records_the_inbox_fails_to_give_is_tried_again(runner, monkeypatch):
+    """The batch's records are read from the inbox in the batch's work: a read that fails (an I/O error) is tried
+    again as a store's fault is, said in the log; the batch is taken then, the query still running."""
+    read, failed = runner._cursor.records, []
+
+    def flaky(start: int, end: int):
+        if not failed and end > start:  # a batch with records (the query's first may have none)
+            failed.append((start, end))
+            raise OSError(5, "Input/output error")
+        return read(start, end)
+
+    monkeypatch.setattr(runner._cursor, "records", flaky)
+    with capture_logs() as logs:
+        runner.start()
+        land(runner.cfg.source.path / "sales/a.csv", "id,amount\n1,1.5\n2,2.5\n")
+        wait_for(lambda: _rows(runner.cfg.table) == 2, what="2 rows in the table")
+    assert failed == [(0, 1)] and runner.queries["files"].isActive
+    retried = [e for e in logs if e["event"] == "batch.retrying"]
+    assert len(retried) == 1 and "Input/output error" in retried[0]["error"] and retried[0]["stream"] == "files"
 
 
 def _partitions(cfg):

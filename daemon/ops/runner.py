@@ -202,12 +202,14 @@ class EntityRunner:
 
     def _file_batch(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        # The batch's range, from Spark's offsets log, read here from the inbox: no Spark job for a batch's list.
-        bounds = batch_range(self.cfg.stream_checkpoint(FILES), batch_id)
-        records = self._cursor.records(*bounds) if bounds else \
-            sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
-        self._run(FILES, batch_id, lambda: self.pipeline.process(records, batch_id),
-                  records[-1].offset + 1 if records else None, started)
+        # The batch's range, from Spark's offsets log, read from the inbox in the batch's work (a read error is
+        # tried again as the store's are): no Spark job for a batch's list.
+        if bounds := batch_range(self.cfg.stream_checkpoint(FILES), batch_id):
+            records, end = partial(self._cursor.records, *bounds), bounds[1] if bounds[1] > bounds[0] else None
+        else:
+            collected = sorted((InboxRecord(*row) for row in frame.collect()), key=lambda r: r.offset)
+            records, end = lambda: collected, collected[-1].offset + 1 if collected else None
+        self._run(FILES, batch_id, lambda: self.pipeline.process(records(), batch_id), end, started)
 
     def _push_batch(self, stream: str, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
