@@ -100,6 +100,12 @@ def _parse(line: bytes, offset: int) -> InboxRecord:
     return InboxRecord(offset, f"{DAMAGED}{offset}", 0, 0, "", problem=problem)
 
 
+def _lines(data: bytes) -> list[bytes]:
+    """The complete lines of log bytes, each ended by \n alone, as the offsets count records (InboxCursor reads a
+    file's lines the same way): not splitlines(), which also ends one at \r, which a damaged line may hold."""
+    return data.split(b"\n")[:-1]
+
+
 def _record(d: dict) -> InboxRecord:
     return InboxRecord(d["o"], d["p"], d["s"], d["m"], d["t"], d.get("e", ""), d.get("r", False), d.get("x", ""))
 
@@ -141,7 +147,7 @@ class Inbox:
             with open(self.path, "r+b") as f:
                 f.truncate(len(complete))
                 os.fsync(f.fileno())
-        for offset, line in enumerate(complete.split(b"\n")[:-1]):  # as the offsets count: not at \r
+        for offset, line in enumerate(_lines(complete)):
             rec = _parse(line, offset)
             if rec.path.startswith(DAMAGED):
                 _log.error("inbox.line_damaged", inbox=str(self.path), offset=offset, problem=rec.problem)
@@ -246,7 +252,7 @@ class InboxReader:
             f.seek(self._starts[start])
             stop = self._starts[end] if end < len(self._starts) else self._end
             data = f.read(stop - self._starts[start])
-        return [_parse(line, offset) for offset, line in enumerate(data.split(b"\n")[:-1], start)]  # as counted
+        return [_parse(line, offset) for offset, line in enumerate(_lines(data), start)]
 
 
 class InboxCursor:
